@@ -1,0 +1,97 @@
+// dsv41kv: errors, dtypes, devices and tensor views shared by every public API.
+//
+// Every public entry point takes views of caller-owned memory, validates them on the host
+// before touching any output, and throws dsv41kv::Error naming the argument on bad input.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#if defined(__CUDACC__)
+#define DSV41KV_HD __host__ __device__ __forceinline__
+#else
+#define DSV41KV_HD inline
+#endif
+
+namespace dsv41kv {
+
+// Error codes of SPEC section 6.7 plus the generic ones the library needs.
+enum class ErrorCode : int {
+  kConfigRatio = 1,        // E1: a layer's compress_ratio not in {0,1,2}
+  kMetadataRatio = 2,      // E2: compressed-cache metadata for a ratio not in {1,2}
+  kCompressorRatio = 3,    // E3: compressor with a ratio not in {1,2}
+  kBackendUnsupported = 4, // E4
+  kComputeCapability = 5,  // E5
+  kPcpWithSpec = 6,        // E6: PCP combined with speculative decoding
+  kTopology = 7,           // E7: missing/inconsistent kv/index source lists
+  kInvalidArgument = 8,    // E8: shapes, dtypes, strides, qsl, values
+  kPcpPadding = 9,         // E9: PCP graph padding below the largest rank
+  kPcpOverflow = 10,       // E10: more non-empty local requests than num_rows
+  kIo = 100,               // file could not be read/written
+  kFormat = 101,           // malformed file (safetensors, config.json, conformance)
+  kCuda = 102,             // a CUDA runtime/library call failed
+  kComm = 103,             // communicator failure (timeout, dead peer)
+};
+
+// The single exception type of the library. what() is "E<code>: <message>" for E1..E10.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message);
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+[[noreturn]] void fail(ErrorCode code, const std::string& message);
+[[noreturn]] inline void invalid_argument(const std::string& message) {
+  fail(ErrorCode::kInvalidArgument, message);
+}
+
+enum class DType : uint8_t { F32, BF16, U8, I32, I64 };
+enum class Device : uint8_t { CPU, CUDA };
+
+const char* dtype_name(DType d);
+size_t dtype_size(DType d);
+const char* device_name(Device d);
+
+// A strided view of caller-owned memory. Strides are in elements. Up to 4 dimensions.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::F32;
+  int ndim = 0;  // 0 means "absent" (optional arguments)
+  std::array<int64_t, 4> shape{};
+  std::array<int64_t, 4> stride{};
+  Device device = Device::CPU;
+
+  bool present() const { return ndim > 0; }
+  int64_t size(int d) const { return shape.at(static_cast<size_t>(d)); }
+  int64_t numel() const;
+  bool is_contiguous() const;
+  template <class T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
+
+  // Row-major contiguous view.
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                               Device device = Device::CPU);
+  // Explicit strides (elements).
+  static TensorView strided(void* data, DType dtype, std::initializer_list<int64_t> shape,
+                            std::initializer_list<int64_t> stride, Device device = Device::CPU);
+  std::string describe() const;  // e.g. "f32[26, 1024] strides [1024, 1] on cpu"
+};
+
+// Where and how a call runs. The backend is the device of the tensors; every tensor of one
+// call must be on the same device. `stream` is a cudaStream_t for CUDA calls (nullptr = the
+// legacy default stream); `num_threads` bounds CPU parallelism (0 = hardware concurrency).
+struct ExecContext {
+  void* stream = nullptr;
+  int num_threads = 0;
+};
+
+}  // namespace dsv41kv

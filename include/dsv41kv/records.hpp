@@ -1,0 +1,181 @@
+// dsv41kv: compressed-cache record formats (SPEC section 3.3) as compile-time byte math with a
+// runtime twin, and the per-state writers/readers shared by the CPU and CUDA paths.
+//
+// Every packed format is page-segregated: the value bytes of all S states of a page, then the
+// scale bytes of all S states, then padding up to the page stride.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv41kv/common.hpp"
+#include "dsv41kv/numerics.hpp"
+
+namespace dsv41kv {
+
+inline constexpr int kLatentDim = 512;  // head_dim: 448 NoPE + 64 RoPE
+inline constexpr int kNopeDim = 448;
+inline constexpr int kRopeDim = 64;
+inline constexpr int kRingRowFloats = 1024;  // [kv(512) | score(512)]
+
+enum class RecordFormat : uint8_t {
+  V4_584 = 0,     // fp8_ds_mla on SM90/CPU: 448 e4m3 NoPE + 64 bf16 RoPE, 7 UE8M0 scales + pad
+  MXFP8_528 = 1,  // fp8_ds_mla on SM100: 512 e4m3, 16 UE8M0 scales (tiles of 32)
+  NVFP4_288 = 2,  // nvfp4_ds_mla: 512 e2m1, 32 e4m3 scales (tiles of 16)
+  PLAIN_BF16 = 3, // kernel-level plain rows: 512 bf16
+  PLAIN_FP8 = 4,  // kernel-level plain rows: 512 e4m3 with a per-tensor scale
+};
+inline constexpr int kNumRecordFormats = 5;
+
+constexpr int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+// Compile-time layout of a packed record.
+template <int ValueBytes, int ScaleBytes, int PageAlign>
+struct PackedLayout {
+  static constexpr int kValueBytes = ValueBytes;
+  static constexpr int kScaleBytes = ScaleBytes;
+  static constexpr int kRecordBytes = ValueBytes + ScaleBytes;
+  static constexpr int kPageAlign = PageAlign;
+  // byte offset of state r's values / scales within a page of S states
+  static constexpr int64_t value_offset(int64_t /*S*/, int64_t r) { return r * kValueBytes; }
+  static constexpr int64_t scale_offset(int64_t S, int64_t r) {
+    return S * kValueBytes + r * kScaleBytes;
+  }
+  static constexpr int64_t payload_bytes(int64_t S) { return S * kRecordBytes; }
+  static constexpr int64_t default_page_stride(int64_t S) {
+    return round_up(S * kRecordBytes, kPageAlign);
+  }
+};
+
+using V4Layout = PackedLayout<576, 8, 576>;     // 448 e4m3 + 128 B of bf16 RoPE | 7 scales + 0
+using Mxfp8Layout = PackedLayout<512, 16, 512>;
+using Nvfp4Layout = PackedLayout<256, 32, 512>;
+
+static_assert(V4Layout::kRecordBytes == 584);
+static_assert(Mxfp8Layout::kRecordBytes == 528);
+static_assert(Nvfp4Layout::kRecordBytes == 288);
+static_assert(kNopeDim + 2 * kRopeDim == V4Layout::kValueBytes);  // 448 fp8 + 64 bf16
+// SPEC 3.6 default page strides
+static_assert(V4Layout::default_page_stride(32) == 19008);
+static_assert(V4Layout::default_page_stride(64) == 37440);
+static_assert(Mxfp8Layout::default_page_stride(64) == 33792);
+static_assert(Mxfp8Layout::default_page_stride(32) == 16896);
+static_assert(Nvfp4Layout::default_page_stride(64) == 18432);
+static_assert(Nvfp4Layout::default_page_stride(32) == 9216);
+// SPEC 3.5 indexer-K FP8 page (132 B/state, 576 alignment)
+static_assert(round_up(64 * 132, 576) == 8640 && round_up(32 * 132, 576) == 4608);
+
+// Runtime description of a record format.
+struct RecordInfo {
+  RecordFormat format;
+  const char* name;       // "v4_584", "mxfp8_528", "nvfp4_288", "bf16", "fp8"
+  bool packed;            // page-segregated record (false: plain rows)
+  int value_bytes;        // packed: value bytes per state
+  int scale_bytes;        // packed: scale bytes per state
+  int record_bytes;       // packed: value + scale; plain: 512 * element size
+  int page_align;         // packed: default page alignment; plain: 1
+  DType element;          // U8 for packed and fp8 rows, BF16 for bf16 rows
+};
+const RecordInfo& record_info(RecordFormat f);
+// Parses "v4_584"/"584", "mxfp8_528"/"528", "nvfp4_288"/"288", "bf16", "fp8"; throws E8.
+RecordFormat parse_record_format(const char* name);
+
+// A paged cache of one record format in caller-owned memory.
+// Packed formats: state r of page p lives at base + p*page_stride (+ the layout's offsets).
+// Plain rows: element d of state r of page p at base + p*page_stride + r*row_stride + d.
+// Strides are in elements of `record_info(format).element` (bytes for U8).
+struct CacheView {
+  void* base = nullptr;      // page 0, element 0
+  RecordFormat format = RecordFormat::V4_584;
+  int64_t num_pages = 0;     // pages addressable through base
+  int64_t states_per_page = 0;  // S
+  int64_t page_stride = 0;   // elements; >= payload
+  int64_t row_stride = kLatentDim;  // plain rows only; >= 512
+  float fp8_scale = 1.0f;    // plain fp8 only: per-tensor scale sigma
+  Device device = Device::CPU;
+
+  int64_t payload_elements() const;      // elements of one page that records occupy
+  int64_t backing_elements() const { return num_pages * page_stride; }
+  size_t backing_bytes() const;
+  // A cache with the library's default page stride (SPEC 3.1/3.6); plain rows: row stride 512,
+  // page stride S*512.
+  static CacheView with_default_strides(void* base, RecordFormat f, int64_t num_pages,
+                                        int64_t states_per_page, Device device = Device::CPU);
+};
+
+// Validation shared by every op that takes a cache: names `arg` in the message.
+void validate_cache(const CacheView& c, const char* arg);
+
+// ---------------------------------------------------------------- per-state writers
+
+namespace rec {
+
+// x: the exact latent values (bf16 widened) [512]; y: x with forward RoPE applied to dims
+// 448..511 in fp32 (dims 0..447 equal x) [512]. `page` is the page base, `r` the offset.
+DSV41KV_HD void write_v4_584(uint8_t* page, int64_t S, int64_t r, const float* x,
+                             const float* y) {
+  uint8_t* val = page + V4Layout::value_offset(S, r);
+  uint8_t* sc = page + V4Layout::scale_offset(S, r);
+  for (int k = 0; k < 7; ++k) sc[k] = num::ue8m0_quantize_tile(x + 64 * k, 64, val + 64 * k);
+  for (int i = 0; i < kRopeDim; ++i) {
+    const uint16_t b = num::bf16_encode(y[kNopeDim + i]);
+    val[kNopeDim + 2 * i] = static_cast<uint8_t>(b & 0xFF);
+    val[kNopeDim + 2 * i + 1] = static_cast<uint8_t>(b >> 8);
+  }
+  sc[7] = 0;
+}
+
+DSV41KV_HD void write_mxfp8_528(uint8_t* page, int64_t S, int64_t r, const float* y) {
+  uint8_t* val = page + Mxfp8Layout::value_offset(S, r);
+  uint8_t* sc = page + Mxfp8Layout::scale_offset(S, r);
+  for (int k = 0; k < 16; ++k) sc[k] = num::ue8m0_quantize_tile(y + 32 * k, 32, val + 32 * k);
+}
+
+DSV41KV_HD void write_nvfp4_288(uint8_t* page, int64_t S, int64_t r, const float* y) {
+  uint8_t* val = page + Nvfp4Layout::value_offset(S, r);
+  uint8_t* sc = page + Nvfp4Layout::scale_offset(S, r);
+  for (int k = 0; k < 32; ++k) sc[k] = num::nvfp4_quantize_tile(y + 16 * k, val + 8 * k);
+}
+
+DSV41KV_HD void write_plain_bf16(uint16_t* row, const float* y) {
+  for (int d = 0; d < kLatentDim; ++d) row[d] = num::bf16_encode(y[d]);
+}
+
+// inv = fp32(1/sigma) computed once by IEEE division. Double rounding fp32 -> bf16 -> scaled.
+DSV41KV_HD uint8_t plain_fp8_encode(float y, float inv) {
+  float v = num::mul_rn(num::bf16_round(y), inv);
+  if (!num::is_nan(v)) v = v < -448.0f ? -448.0f : (v > 448.0f ? 448.0f : v);
+  return num::e4m3_encode(v);
+}
+DSV41KV_HD void write_plain_fp8(uint8_t* row, const float* y, float inv) {
+  for (int d = 0; d < kLatentDim; ++d) row[d] = plain_fp8_encode(y[d], inv);
+}
+
+// ---------------------------------------------------------------- per-state readers (SPEC 5.3)
+
+// Decodes dimension d of state r into bf16 bits.
+DSV41KV_HD uint16_t read_v4_584(const uint8_t* page, int64_t S, int64_t r, int d) {
+  const uint8_t* val = page + V4Layout::value_offset(S, r);
+  if (d >= kNopeDim) {
+    const int i = d - kNopeDim;
+    return static_cast<uint16_t>(val[kNopeDim + 2 * i] | (val[kNopeDim + 2 * i + 1] << 8));
+  }
+  const uint8_t s = page[V4Layout::scale_offset(S, r) + d / 64];
+  return num::bf16_encode(num::mul_rn(num::e4m3_decode(val[d]), num::ue8m0_scale(s)));
+}
+DSV41KV_HD uint16_t read_mxfp8_528(const uint8_t* page, int64_t S, int64_t r, int d) {
+  const uint8_t q = page[Mxfp8Layout::value_offset(S, r) + d];
+  const uint8_t s = page[Mxfp8Layout::scale_offset(S, r) + d / 32];
+  return num::bf16_encode(num::mul_rn(num::e4m3_decode(q), num::ue8m0_scale(s)));
+}
+DSV41KV_HD uint16_t read_nvfp4_288(const uint8_t* page, int64_t S, int64_t r, int d) {
+  const uint8_t b = page[Nvfp4Layout::value_offset(S, r) + d / 2];
+  const uint8_t nib = (d & 1) ? (b >> 4) : (b & 0xF);
+  const uint8_t s = page[Nvfp4Layout::scale_offset(S, r) + d / 16];
+  return num::bf16_encode(num::mul_rn(num::e2m1_decode(nib), num::e4m3_decode(s)));
+}
+DSV41KV_HD uint16_t read_plain_fp8(const uint8_t* row, int d, float sigma) {
+  return num::bf16_encode(num::mul_rn(num::e4m3_decode(row[d]), sigma));
+}
+
+}  // namespace rec
+}  // namespace dsv41kv

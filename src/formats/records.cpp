@@ -1,0 +1,82 @@
+#include "dsv41kv/records.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+
+namespace dsv41kv {
+namespace {
+constexpr RecordInfo kInfos[kNumRecordFormats] = {
+    {RecordFormat::V4_584, "v4_584", true, V4Layout::kValueBytes, V4Layout::kScaleBytes,
+     V4Layout::kRecordBytes, V4Layout::kPageAlign, DType::U8},
+    {RecordFormat::MXFP8_528, "mxfp8_528", true, Mxfp8Layout::kValueBytes,
+     Mxfp8Layout::kScaleBytes, Mxfp8Layout::kRecordBytes, Mxfp8Layout::kPageAlign, DType::U8},
+    {RecordFormat::NVFP4_288, "nvfp4_288", true, Nvfp4Layout::kValueBytes,
+     Nvfp4Layout::kScaleBytes, Nvfp4Layout::kRecordBytes, Nvfp4Layout::kPageAlign, DType::U8},
+    {RecordFormat::PLAIN_BF16, "bf16", false, 0, 0, 2 * kLatentDim, 1, DType::BF16},
+    {RecordFormat::PLAIN_FP8, "fp8", false, 0, 0, kLatentDim, 1, DType::U8},
+};
+}  // namespace
+
+const RecordInfo& record_info(RecordFormat f) {
+  const auto i = static_cast<size_t>(f);
+  if (i >= kNumRecordFormats) invalid_argument(fmt::format("record format: unknown value {}", i));
+  return kInfos[i];
+}
+
+RecordFormat parse_record_format(const char* name) {
+  const std::string s = name ? name : "";
+  if (s == "v4_584" || s == "584") return RecordFormat::V4_584;
+  if (s == "mxfp8_528" || s == "528") return RecordFormat::MXFP8_528;
+  if (s == "nvfp4_288" || s == "288") return RecordFormat::NVFP4_288;
+  if (s == "bf16") return RecordFormat::PLAIN_BF16;
+  if (s == "fp8") return RecordFormat::PLAIN_FP8;
+  invalid_argument(fmt::format(
+      "record format: got '{}', expected one of v4_584 (584), mxfp8_528 (528), nvfp4_288 (288), "
+      "bf16, fp8",
+      s));
+}
+
+int64_t CacheView::payload_elements() const {
+  const RecordInfo& ri = record_info(format);
+  if (ri.packed) return states_per_page * ri.record_bytes;
+  return (states_per_page - 1) * row_stride + kLatentDim;
+}
+
+size_t CacheView::backing_bytes() const {
+  return static_cast<size_t>(backing_elements()) * dtype_size(record_info(format).element);
+}
+
+CacheView CacheView::with_default_strides(void* base, RecordFormat f, int64_t num_pages,
+                                          int64_t states_per_page, Device device) {
+  const RecordInfo& ri = record_info(f);
+  CacheView c;
+  c.base = base;
+  c.format = f;
+  c.num_pages = num_pages;
+  c.states_per_page = states_per_page;
+  c.device = device;
+  c.row_stride = kLatentDim;
+  c.page_stride = ri.packed ? round_up(states_per_page * ri.record_bytes, ri.page_align)
+                            : states_per_page * kLatentDim;
+  return c;
+}
+
+void validate_cache(const CacheView& c, const char* arg) {
+  const RecordInfo& ri = record_info(c.format);
+  if (c.base == nullptr) invalid_argument(fmt::format("{}: base pointer is null", arg));
+  if (c.num_pages <= 0)
+    invalid_argument(fmt::format("{}: num_pages = {}, expected > 0", arg, c.num_pages));
+  if (c.states_per_page <= 0)
+    invalid_argument(fmt::format("{}: states_per_page = {}, expected > 0", arg, c.states_per_page));
+  if (!ri.packed && c.row_stride < kLatentDim)
+    invalid_argument(fmt::format("{}: row_stride = {} elements, expected >= 512", arg, c.row_stride));
+  if (c.page_stride < c.payload_elements())
+    invalid_argument(fmt::format("{}: page_stride = {} elements for {} states of {}, expected >= {}",
+                                 arg, c.page_stride, c.states_per_page, ri.name,
+                                 c.payload_elements()));
+  if (c.format == RecordFormat::PLAIN_FP8 && !(c.fp8_scale > 0.0f && num::is_finite(c.fp8_scale)))
+    invalid_argument(fmt::format("{}: fp8_scale = {}, expected a finite value > 0", arg, c.fp8_scale));
+}
+
+}  // namespace dsv41kv
