@@ -1,0 +1,100 @@
+// dsv41kv: the conformance runner (SPEC 10.3, shared/conformance/README.md). A conformance file
+// is a safetensors file with the inputs and outputs of vLLM's fused_save_compress_norm +
+// rope_quant_insert for several cases; this runs dsv41kv::compress + dsv41kv::insert on the
+// same inputs (canary-filled outputs) and checks agreement:
+//   - ring_out bit for bit;
+//   - latent rows that are NaN in latent_out untouched, all others within rtol 0.004, atol 1e-6;
+//   - every cache byte outside the records the reference wrote equal to the canary;
+//   - every written record within one quantization step of the reference (decoded), with the
+//     share of byte-identical records reported;
+//   - the reference latent_out fed to insert reproduces every cache backing byte for byte.
+//
+// A malformed file (missing tensors or metadata keys, wrong dtypes or shapes) is an
+// Error(kFormat) naming the file and what is wrong; a missing file is Error(kIo). Errors
+// thrown by compress/insert on the file's inputs are reported as failed checks instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dsv41kv/common.hpp"
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::conformance {
+
+struct Options {
+  Device device = Device::CPU;  // where compress/insert run (CUDA: inputs are copied to the GPU)
+  std::string dump_dir;         // non-empty: write <dump_dir>/<file name without .gz>
+  int num_threads = 0;          // CPU threads (0 = hardware concurrency)
+};
+
+// Tolerances of the README.
+inline constexpr double kLatentRtol = 0.004;
+inline constexpr double kLatentAtol = 1e-6;
+
+// The latent and ring checks of one case.
+struct LatentCheck {
+  bool pass = false;
+  int64_t rows = 0;            // latent rows in the file
+  int64_t written_rows = 0;    // rows the reference wrote (not all NaN)
+  int64_t bad_elements = 0;    // out of tolerance in written rows
+  int64_t touched_nan_rows = 0;  // reference-NaN rows that the project changed
+  double max_abs_err = 0.0;
+  double max_rel_err = 0.0;    // over elements with |ref| > atol
+  int64_t max_ulp = 0;         // largest bf16 ulp distance between the project and the reference
+  bool ring_pass = false;
+  int64_t ring_diff_floats = 0;
+  std::string detail;          // first failure, empty when passing
+};
+
+// The checks of one record format of one case.
+struct FormatCheck {
+  RecordFormat format = RecordFormat::V4_584;
+  bool pass = false;
+  int64_t records = 0;           // records the reference wrote
+  int64_t identical = 0;         // of those, byte-identical
+  int64_t beyond_step = 0;       // records with a value beyond one quantization step
+  int64_t stray_bytes = 0;       // bytes outside the written records that are not the canary
+  bool from_reference_identical = false;
+  int64_t from_reference_diff_bytes = 0;
+  std::string detail;            // first failure, empty when passing
+};
+
+struct CaseResult {
+  int index = 0;        // i of the c{i}. tensors
+  std::string name;     // e.g. "random0"
+  int ratio = 0;
+  int64_t num_tokens = 0;
+  std::string error;    // compress() threw (then every check of the case fails)
+  LatentCheck latent;
+  std::vector<FormatCheck> formats;  // the five record formats, in RecordFormat order
+  bool pass() const;
+};
+
+struct FileResult {
+  std::string path;
+  int ratio = 0;
+  std::vector<CaseResult> cases;
+  std::string dump_path;  // set when Options::dump_dir was given
+  int64_t checks() const;  // lines of report(): per case, the latent line + 5 format lines
+  int64_t failed() const;
+};
+
+// Runs every case of one file.
+FileResult run_file(const std::string& path, const Options& options = {});
+
+// Report lines, one per case and check, e.g.
+// "r2 c5 random0          v4_584     PASS  records 121/121 byte-identical (100.0%), from-reference-latent: identical"
+std::vector<std::string> report(const FileResult& r);
+
+// Decoded value of dimension d of one state and the size of one quantization step there
+// (exposed for tests). `page` is the page base (packed formats) or the row (plain formats).
+struct DecodedValue {
+  double value = 0.0;
+  double step = 0.0;
+};
+DecodedValue decode_with_step(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d,
+                              float fp8_scale);
+
+}  // namespace dsv41kv::conformance

@@ -1,0 +1,301 @@
+// The conformance runner (library + `dsv41kv conform` CLI) on the shipped files, on malformed
+// files, on doctored references (the checks must catch them), and --dump round trips.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dsv41kv/conformance.hpp"
+#include "dsv41kv/safetensors.hpp"
+#include "support/paths.hpp"
+
+namespace fs = std::filesystem;
+using namespace dsv41kv;
+using namespace dsv41kv::st;
+
+namespace {
+
+const char* kR1 = "compress_r1_shared.safetensors";
+const char* kR2 = "compress_r2_shared.safetensors";
+std::string shipped(const char* name) { return test::conformance_dir() + "/" + name; }
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    path = fs::temp_directory_path() /
+           ("dsv41kv_conform_" + std::to_string(getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
+    fs::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string operator/(const std::string& name) const { return (path / name).string(); }
+};
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+  std::string last_line() const {
+    std::string s = out;
+    while (!s.empty() && s.back() == '\n') s.pop_back();
+    const auto nl = s.rfind('\n');
+    return nl == std::string::npos ? s : s.substr(nl + 1);
+  }
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+CliRun run_cli(const std::string& args, const TempDir& tmp) {
+  const std::string out = tmp / "stdout.txt", err = tmp / "stderr.txt";
+  const std::string cmd = "'" + test::cli_path() + "' conform " + args + " > '" + out + "' 2> '" + err + "'";
+  const int st = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+// A copy of `src` with tensor `name` replaced by `edit(bytes)`.
+template <class Fn>
+void write_doctored(const std::string& src, const std::string& dst, const std::string& name, Fn edit) {
+  const auto f = SafetensorsFile::load(src);
+  SafetensorsWriter w;
+  for (const auto& t : f.names()) {
+    if (t != name) {
+      w.add_from(f, t);
+      continue;
+    }
+    std::vector<uint8_t> b(f.bytes(t).begin(), f.bytes(t).end());
+    edit(b);
+    w.add(t, f.info(t).dtype, f.info(t).shape, b);
+  }
+  for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+  w.write(dst);
+}
+
+}  // namespace
+
+// The acceptance criterion: every check of the shipped files passes.
+TEST(ConformCli, ShippedFilesPass) {
+  TempDir tmp;
+  const CliRun r = run_cli("'" + shipped(kR1) + "' '" + shipped(kR2) + "'", tmp);
+  EXPECT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_EQ(r.last_line(), "96 passed, 0 failed") << r.out;
+  // one line per case and check: 2 files x 8 cases x (latent + 5 formats) + the summary
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 97);
+  EXPECT_NE(r.out.find("r2 c5 random0          v4_584     "), std::string::npos) << r.out;
+}
+
+// SPEC 10.3's byte-for-byte part and the canary/ring checks, independent of the latent tolerance.
+TEST(ConformLibrary, FromReferenceLatentIsByteIdenticalAndNoStrayWrites) {
+  for (const char* name : {kR1, kR2}) {
+    const conformance::FileResult r = conformance::run_file(shipped(name));
+    ASSERT_EQ(r.cases.size(), 8u) << name;
+    EXPECT_EQ(r.checks(), 48);
+    for (const auto& c : r.cases) {
+      EXPECT_TRUE(c.error.empty()) << c.error;
+      EXPECT_TRUE(c.latent.ring_pass) << name << " " << c.name << ": " << c.latent.detail;
+      EXPECT_EQ(c.latent.touched_nan_rows, 0) << c.name;
+      EXPECT_LE(c.latent.max_ulp, 1) << name << " " << c.name;
+      ASSERT_EQ(c.formats.size(), 5u);
+      for (const auto& fc : c.formats) {
+        const std::string what = std::string(name) + " " + c.name + " " + record_info(fc.format).name;
+        EXPECT_TRUE(fc.from_reference_identical) << what << ": " << fc.detail;
+        EXPECT_EQ(fc.stray_bytes, 0) << what << ": " << fc.detail;
+        EXPECT_EQ(fc.beyond_step, 0) << what << ": " << fc.detail;
+        EXPECT_GT(fc.records, 0) << what;
+        EXPECT_GE(fc.identical * 100, fc.records * 95) << what;  // >= 95% byte-identical
+      }
+    }
+  }
+}
+
+TEST(ConformCli, MalformedOrMissingFileExits2) {
+  TempDir tmp;
+  const auto full = read_file(shipped(kR1));
+  {  // truncated in the data area
+    const std::string cut = tmp / "cut.safetensors";
+    write_file_atomic(cut, std::span<const uint8_t>(full.data(), full.size() - 1000));
+    const CliRun r = run_cli("'" + cut + "'", tmp);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("cut.safetensors"), std::string::npos) << r.err;
+    EXPECT_EQ(r.last_line(), "0 passed, 0 failed");
+  }
+  {  // truncated inside the header
+    const std::string cut = tmp / "cut2.safetensors";
+    write_file_atomic(cut, std::span<const uint8_t>(full.data(), 500));
+    const CliRun r = run_cli("'" + cut + "'", tmp);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("cut2.safetensors"), std::string::npos) << r.err;
+  }
+  {  // missing file; the good file is still run
+    const CliRun r = run_cli("'" + (tmp / "nope.safetensors") + "' '" + shipped(kR2) + "'", tmp);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("nope.safetensors"), std::string::npos) << r.err;
+    EXPECT_NE(r.out.find("r2 c0 prefill"), std::string::npos);
+  }
+  {  // valid safetensors without the metadata
+    SafetensorsWriter w;
+    const std::vector<float> x = {1.0f};
+    w.add<float>("x", {1}, x);
+    const std::string p = tmp / "nometa.safetensors";
+    w.write(p);
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("dsv41"), std::string::npos) << r.err;
+  }
+  {  // a tensor of the wrong shape
+    const auto f = SafetensorsFile::load(shipped(kR2));
+    SafetensorsWriter w;
+    for (const auto& t : f.names())
+      if (t != "c3.cache_v4_584") w.add_from(f, t);
+    const std::vector<uint8_t> small(100, 165);
+    w.add<uint8_t>("c3.cache_v4_584", {100}, small);
+    for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+    const std::string p = tmp / "shape.safetensors";
+    w.write(p);
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("c3.cache_v4_584"), std::string::npos) << r.err;
+  }
+  {  // no file at all
+    const CliRun r = run_cli("", tmp);
+    EXPECT_EQ(r.code, 2);
+  }
+  {  // bad device
+    const CliRun r = run_cli("--device tpu '" + shipped(kR1) + "'", tmp);
+    EXPECT_EQ(r.code, 2);
+  }
+}
+
+// Doctored references: the checker must notice a stray canary byte, a record beyond one
+// quantization step, and a ring_out difference (exit 1 with FAIL lines).
+TEST(ConformCli, DoctoredReferencesFail) {
+  TempDir tmp;
+  {  // last byte of the v4_584 backing is page padding: make it non-canary
+    const std::string p = tmp / "stray.safetensors";
+    write_doctored(shipped(kR2), p, "c0.cache_v4_584", [](std::vector<uint8_t>& b) { b.back() ^= 0xFF; });
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("r2 c0 prefill          v4_584     FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("stray bytes"), std::string::npos) << r.out;
+  }
+  {  // the bf16 record of the first written slot: flip a value's high byte
+    const auto f = SafetensorsFile::load(shipped(kR1));
+    const auto slots = f.copy_as<int64_t>("c0.cache_slots");
+    int64_t slot = -1;
+    for (int64_t s : slots)
+      if (s >= 0) {
+        slot = s;
+        break;
+      }
+    ASSERT_GE(slot, 0);
+    const int64_t S = 16, page_stride = 16 * 512 + 64;
+    const size_t elem = static_cast<size_t>((slot / S) * page_stride + (slot % S) * 512 + 7);
+    const std::string p = tmp / "record.safetensors";
+    write_doctored(shipped(kR1), p, "c0.cache_bf16", [&](std::vector<uint8_t>& b) { b[2 * elem + 1] ^= 0x40; });
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("r1 c0 prefill          bf16       FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("beyond one quantization step"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("from-reference-latent: 1 bytes differ"), std::string::npos) << r.out;
+  }
+  {  // ring_out
+    const std::string p = tmp / "ring.safetensors";
+    write_doctored(shipped(kR2), p, "c1.ring_out", [](std::vector<uint8_t>& b) { b[4 * 9000] ^= 1; });
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 1);
+    EXPECT_NE(r.out.find("r2 c1 decode           latent     FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("ring_out 1 floats differ"), std::string::npos) << r.out;
+  }
+}
+
+TEST(ConformCli, DumpRoundTrip) {
+  TempDir tmp;
+  // gzip input: the dump drops ".gz"
+  const std::string gz = tmp / "compress_r2_shared.safetensors.gz";
+  {
+    const auto bytes = read_file(shipped(kR2));
+    write_file_atomic(gz, bytes, /*gzip=*/true);
+  }
+  const std::string dump_dir = tmp / "dump";
+  const CliRun r = run_cli("--dump '" + dump_dir + "' '" + shipped(kR1) + "' '" + gz + "'", tmp);
+  EXPECT_TRUE(r.code == 0 || r.code == 1) << r.err;
+  for (const char* name : {kR1, kR2}) {
+    const std::string dumped = dump_dir + "/" + name;
+    ASSERT_TRUE(fs::exists(dumped)) << dumped << "\n" << r.out << r.err;
+    const auto in = SafetensorsFile::load(shipped(name));
+    const auto out = SafetensorsFile::load(dumped);
+    EXPECT_EQ(in.names().size(), out.names().size());
+    EXPECT_EQ(in.metadata(), out.metadata());
+    for (const auto& t : in.names()) {
+      ASSERT_TRUE(out.has(t)) << t;
+      EXPECT_EQ(in.info(t).dtype, out.info(t).dtype) << t;
+      EXPECT_EQ(in.info(t).shape, out.info(t).shape) << t;
+    }
+    // inputs and file-wide tensors are copied byte for byte
+    for (const char* t : {"cos_sin", "norm_weight", "fp8_scale", "c5.kv_score", "c5.positions", "c5.cache_slots"}) {
+      const auto a = in.bytes(t), b = out.bytes(t);
+      EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin(), b.end())) << t;
+    }
+    // outputs are the project's: the library run agrees with the dump byte for byte
+    const auto res = conformance::run_file(shipped(name));
+    EXPECT_EQ(res.cases.size(), 8u);
+    const auto l_out = out.copy_as<uint16_t>("c5.latent_out");
+    const auto l_in = in.copy_as<uint16_t>("c5.latent_out");
+    int64_t nan_rows_same = 0;
+    for (size_t i = 0; i < l_in.size(); i += 512) nan_rows_same += (l_in[i] & 0x7FFF) > 0x7F80 && l_out[i] == 0x7FC0;
+    EXPECT_GT(nan_rows_same, 0) << "unwritten latent rows keep the NaN canary in the dump";
+    // ring for ratio 2 is written; the dump holds it
+    const auto ro_in = in.bytes("c5.ring_out"), ro_out = out.bytes("c5.ring_out");
+    EXPECT_TRUE(std::equal(ro_in.begin(), ro_in.end(), ro_out.begin(), ro_out.end()));
+    // a dump is itself a conformance file the project agrees with completely
+    const conformance::FileResult again = conformance::run_file(dumped);
+    EXPECT_EQ(again.failed(), 0);
+    for (const auto& c : again.cases)
+      for (const auto& fc : c.formats) EXPECT_EQ(fc.identical, fc.records) << c.name;
+  }
+  const CliRun again = run_cli("'" + dump_dir + "/" + kR1 + "' '" + dump_dir + "/" + kR2 + "'", tmp);
+  EXPECT_EQ(again.code, 0) << again.out;
+  EXPECT_EQ(again.last_line(), "96 passed, 0 failed");
+}
+
+TEST(ConformLibrary, DecodeWithStep) {
+  // plain bf16 row: value 1.5 (0x3FC0), step 2^-7
+  uint8_t row[1024] = {};
+  row[0] = 0xC0;
+  row[1] = 0x3F;
+  auto v = conformance::decode_with_step(RecordFormat::PLAIN_BF16, row, 1, 0, 0, 1.0f);
+  EXPECT_EQ(v.value, 1.5);
+  EXPECT_EQ(v.step, 1.0 / 128);
+  // plain fp8: e4m3 0x38 = 1.0, step 1/8, scaled by sigma
+  row[3] = 0x38;
+  v = conformance::decode_with_step(RecordFormat::PLAIN_FP8, row, 1, 0, 3, 2.0f);
+  EXPECT_EQ(v.value, 2.0);
+  EXPECT_EQ(v.step, 0.25);
+  // 528: value byte 0x40 (= 2.0) with UE8M0 scale 2^-3 (byte 124) in tile 0
+  std::vector<uint8_t> page(2 * 528, 0);
+  page[0] = 0x40;
+  page[2 * 512] = 124;
+  v = conformance::decode_with_step(RecordFormat::MXFP8_528, page.data(), 2, 0, 0, 1.0f);
+  EXPECT_EQ(v.value, 0.25);
+  EXPECT_EQ(v.step, 0.25 / 8);
+  // 288: nibble 7 (= 6) with e4m3 scale 0x38 (= 1.0): step 2
+  std::vector<uint8_t> p4(288, 0);
+  p4[0] = 0x70;  // dim 1 = nibble 7, dim 0 = 0
+  p4[256] = 0x38;
+  v = conformance::decode_with_step(RecordFormat::NVFP4_288, p4.data(), 1, 0, 1, 1.0f);
+  EXPECT_EQ(v.value, 6.0);
+  EXPECT_EQ(v.step, 2.0);
+}
