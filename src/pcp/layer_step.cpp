@@ -1,0 +1,202 @@
+// One kv-source layer of one PCP rank (SPEC 7.5, 7.6) and the communication accounting of
+// SPEC 7.7.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "dsv41kv/compressor.hpp"
+#include "dsv41kv/pcp.hpp"
+
+namespace dsv41kv::pcp {
+
+const char* mutation_name(Mutation m) {
+  switch (m) {
+    case Mutation::kNone: return "none";
+    case Mutation::kDropGatheredPredecessors: return "drop-gathered-predecessors";
+    case Mutation::kReverseTieBreak: return "reverse-tie-break";
+    case Mutation::kSkipSaveRingRows: return "skip-save-ring-rows";
+  }
+  return "?";
+}
+
+CommVolume& CommVolume::operator+=(const CommVolume& o) {
+  keys_sent += o.keys_sent;
+  keys_received += o.keys_received;
+  positions_sent += o.positions_sent;
+  positions_received += o.positions_received;
+  rows_sent += o.rows_sent;
+  rows_received += o.rows_received;
+  latents_sent += o.latents_sent;
+  latents_received += o.latents_received;
+  replaced_received += o.replaced_received;
+  return *this;
+}
+
+CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio) {
+  if (P < 1 || padded < 0 || num_rows < 0 || (ratio != 1 && ratio != 2))
+    invalid_argument(fmt::format(
+        "expected_comm_volume: P = {}, padded = {}, num_rows = {}, ratio = {} (expected P >= 1, "
+        "counts >= 0, ratio 1 or 2)", P, padded, num_rows, ratio));
+  const uint64_t p = static_cast<uint64_t>(P), n = static_cast<uint64_t>(padded),
+                 m = static_cast<uint64_t>(num_rows);
+  CommVolume v;
+  v.positions_sent = n * 8;
+  v.positions_received = p * n * 8;
+  v.latents_sent = n * kLatentDim * 2;
+  v.latents_received = p * n * kLatentDim * 2;
+  if (ratio == 2) {
+    v.keys_sent = m * 8;
+    v.keys_received = p * m * 8;
+    v.rows_sent = m * kRingRowFloats * 4;
+    v.rows_received = p * m * kRingRowFloats * 4;
+    v.replaced_received = p * n * kRingRowFloats * 4;
+  }
+  return v;
+}
+
+namespace {
+
+void require(bool ok, const std::string& what) {
+  if (!ok) invalid_argument("pcp_layer_step: " + what);
+}
+
+void check_view(const TensorView& v, const char* name, DType dt, int64_t rows, int64_t cols) {
+  require(v.present() && v.device == Device::CPU,
+          fmt::format("{}: {} (expected a host view)", name, v.present() ? v.describe() : "absent"));
+  require(v.dtype == dt, fmt::format("{}: {} (expected {})", name, v.describe(), dtype_name(dt)));
+  if (cols == 0) {
+    require(v.ndim == 1 && v.shape[0] >= rows && v.stride[0] == 1,
+            fmt::format("{}: {} (expected contiguous [>= {}])", name, v.describe(), rows));
+  } else {
+    require(v.ndim == 2 && v.shape[0] >= rows && v.shape[1] == cols && v.stride[1] == 1,
+            fmt::format("{}: {} (expected [>= {}, {}] with inner stride 1)", name, v.describe(),
+                        rows, cols));
+  }
+}
+
+}  // namespace
+
+LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
+  const int P = comm.size();
+  const int rank = comm.rank();
+  if (a.ratio != 1 && a.ratio != 2)
+    fail(ErrorCode::kCompressorRatio,
+         fmt::format("pcp_layer_step: ratio = {} (expected 1 or 2)", a.ratio));
+  require(a.positions.present() && a.positions.ndim == 1,
+          fmt::format("positions: {} (expected i64 [padded])",
+                      a.positions.present() ? a.positions.describe() : "absent"));
+  const int64_t padded = a.positions.shape[0];
+  const int64_t G = static_cast<int64_t>(P) * padded;
+  check_view(a.positions, "positions", DType::I64, padded, 0);
+  check_view(a.kv_score, "kv_score", DType::F32, padded, static_cast<int64_t>(kLatentDim) * a.ratio);
+  check_view(a.latent, "latent", DType::BF16, padded, kLatentDim);
+  require(a.latent.stride[0] == kLatentDim, fmt::format("latent: {} (expected contiguous)", a.latent.describe()));
+  check_view(a.gathered_latent, "gathered_latent", DType::BF16, G, kLatentDim);
+  require(a.gathered_latent.stride[0] == kLatentDim,
+          fmt::format("gathered_latent: {} (expected contiguous)", a.gathered_latent.describe()));
+  check_view(a.gathered_positions, "gathered_positions", DType::I64, G, 0);
+  check_view(a.gathered_cslots, "gathered_cslots", DType::I64, G, 0);
+  require(a.gathered_cslots.shape[0] == G,
+          fmt::format("gathered_cslots: {} (expected exactly P * padded = {} entries)",
+                      a.gathered_cslots.describe(), G));
+
+  LayerStepResult res;
+  const auto* kv = a.kv_score.ptr<const float>();
+  const int64_t kv_stride = a.kv_score.stride[0];
+
+  TensorView slot_mapping;
+  if (a.ratio == 2) {
+    check_view(a.qsl, "qsl", DType::I32, 1, 0);
+    check_view(a.ring_slots, "ring_slots", DType::I64, padded, 0);
+    check_view(a.token_to_req, "token_to_req", DType::I32, padded, 0);
+    LinkInput in;
+    in.ring_slots = {a.ring_slots.ptr<const int64_t>(), static_cast<size_t>(padded)};
+    in.qsl = {a.qsl.ptr<const int32_t>(), static_cast<size_t>(a.qsl.shape[0])};
+    in.positions = {a.positions.ptr<const int64_t>(), static_cast<size_t>(padded)};
+    in.cap = a.cap;
+    in.max_num_seqs = a.max_num_seqs;
+    res.link = link_pcp_chunks(in, comm,
+                               a.mutation == Mutation::kReverseTieBreak ? TieBreak::kReversedForTesting
+                                                                        : TieBreak::kGatheredIndex);
+    const int64_t rows = res.link.num_rows;
+    // Last rows of this rank's local requests, then the all-gather (SPEC 7.5).
+    std::vector<float> send(static_cast<size_t>(rows) * kRingRowFloats);
+    for (int64_t j = 0; j < rows; ++j)
+      std::memcpy(send.data() + j * kRingRowFloats,
+                  kv + res.link.gather_tokens[static_cast<size_t>(j)] * kv_stride,
+                  sizeof(float) * kRingRowFloats);
+    res.prev_rows.assign(static_cast<size_t>(P) * send.size(), 0.0f);
+    comm.all_gather(send.data(), send.size() * sizeof(float), res.prev_rows.data());
+    const CommVolume ev = expected_comm_volume(P, padded, rows, 2);
+    res.volume.keys_sent = ev.keys_sent;
+    res.volume.keys_received = ev.keys_received;
+    res.volume.rows_sent = ev.rows_sent;
+    res.volume.rows_received = ev.rows_received;
+    res.volume.replaced_received = ev.replaced_received;
+    slot_mapping = a.ring_slots;
+    slot_mapping.shape[0] = padded;
+  } else {
+    // Ratio 1 under PCP: no ring, no collective in the compressor; the validity mask is this
+    // rank's chunk of the gathered compressed slot mapping.
+    slot_mapping = TensorView::contiguous(a.gathered_cslots.ptr<int64_t>() + rank * padded,
+                                          DType::I64, {padded});
+  }
+
+  // What compress() reads: the link's lookups (the drop mutation replaces them by ring reads).
+  std::vector<int64_t> indices = res.link.prev_row_indices;
+  if (a.mutation == Mutation::kDropGatheredPredecessors) std::fill(indices.begin(), indices.end(), -1);
+  if (padded > 0) {
+    CompressArgs c;
+    c.ratio = a.ratio;
+    c.kv_score = a.kv_score;
+    c.positions = a.positions;
+    c.slot_mapping = slot_mapping;
+    c.norm_weight = a.norm_weight;
+    c.eps = a.eps;
+    c.latent_out = a.latent;
+    if (a.ratio == 2) {
+      c.ring = a.ring;
+      c.qsl = a.qsl;
+      c.token_to_req = a.token_to_req;
+      c.token_to_req.shape[0] = padded;
+      c.policy = RingPolicy::kOpenRow;
+      const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
+      if (Gr > 0)
+        c.prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
+      if (res.link.R > 0)
+        c.prev_row_indices = TensorView::contiguous(indices.data(), DType::I64, {res.link.R});
+    }
+    compress(c, a.exec);
+    if (a.ratio == 2 && a.mutation != Mutation::kSkipSaveRingRows && !res.prev_rows.empty()) {
+      SaveRingRowsArgs s;
+      const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
+      s.prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
+      s.ring_write_slots = TensorView::contiguous(res.link.ring_write_slots.data(), DType::I64, {Gr});
+      s.ring = a.ring;
+      save_ring_rows(s, a.exec);
+    }
+  }
+
+  // Latents of every rank, then every rank inserts every closing token once (SPEC 7.6).
+  comm.all_gather(a.latent.data, static_cast<size_t>(padded) * kLatentDim * 2, a.gathered_latent.data);
+  res.volume.latents_sent = static_cast<uint64_t>(padded) * kLatentDim * 2;
+  res.volume.latents_received = static_cast<uint64_t>(G) * kLatentDim * 2;
+  if (G > 0) {
+    for (const CacheView& cache : a.caches) {
+      InsertArgs ins;
+      ins.ratio = a.ratio;
+      ins.latent = a.gathered_latent;
+      ins.latent.shape[0] = G;
+      ins.positions = a.gathered_positions;
+      ins.positions.shape[0] = G;
+      ins.rope_table = a.rope_table;
+      ins.slots = a.gathered_cslots;
+      ins.cache = cache;
+      insert(ins, a.exec);
+    }
+  }
+  return res;
+}
+
+}  // namespace dsv41kv::pcp
