@@ -1,0 +1,8 @@
+// Instantiation of the fused compress kernel family for one record writer (kNoRecord): ratio 1/2 x
+// one-warp/four-warp programs. See cuda_compress.cuh.
+#include "compressor/cuda_compress.cuh"
+
+namespace dsv41kv::detail::cuda {
+template void launch_compress<kNoRecord>(const CompressParams&, int, cudaStream_t);
+
+}  // namespace dsv41kv::detail::cuda

@@ -1,0 +1,153 @@
+// CUDA backend of the compressor API (backend.hpp, namespace detail::cuda): turns validated
+// arguments and plans into kernel parameters and launches on ctx.stream. Nothing here
+// allocates, synchronises or reads device memory; launch geometry depends only on N, num_reqs
+// and the record format (SPEC 0.4 item 4), so every call can be captured in a CUDA graph.
+//
+// Host checks added on top of the shared validation (validate.cpp): the CUDA kernels move rows
+// with 16-byte vectors, so kv_score, prev_rows, latent/latent_out, norm_weight and the RoPE
+// table must have 16-byte aligned data pointers (their row strides are multiples of 16 elements
+// or fixed). The ring (arbitrary block stride), caches (arbitrary page strides), slots and the
+// outputs of gather may have any alignment: the kernels test it per row.
+#include <string>
+
+#include "compressor/backend.hpp"
+#include "compressor/cuda_kernels.hpp"
+#include "core/cuda_util.hpp"
+
+namespace dsv41kv::detail::cuda {
+namespace {
+
+CacheDst make_cache_dst(const CacheView& c) {
+  const RecordInfo& ri = record_info(c.format);
+  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
+  CacheDst d;
+  d.base = static_cast<uint8_t*>(c.base);
+  d.S = c.states_per_page;
+  d.page_stride_bytes = c.page_stride * es;
+  d.row_stride_bytes = c.row_stride * es;
+  d.capacity = c.num_pages * c.states_per_page;
+  d.fp8_inv = c.format == RecordFormat::PLAIN_FP8 ? num::div_rn(1.0f, c.fp8_scale) : 1.0f;
+  return d;
+}
+
+CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p, const char* op,
+                                    bool with_latent) {
+  CompressParams k;
+  k.kv = a.kv_score.ptr<const float>();
+  k.kv_stride = p.kv_row_stride;
+  k.pos = a.positions.ptr<const int64_t>();
+  k.slot = a.slot_mapping.ptr<const int64_t>();
+  k.N = p.N;
+  k.norm_w = a.norm_weight.ptr<const uint16_t>();
+  k.eps = a.eps;
+  k.latent = with_latent ? a.latent_out.ptr<uint16_t>() : nullptr;
+  require_aligned16(k.kv, op, "kv_score");
+  require_aligned16(k.norm_w, op, "norm_weight");
+  if (k.latent) require_aligned16(k.latent, op, "latent_out");
+  if (p.ratio == 2) {
+    k.ring = a.ring.ptr<float>();
+    k.ring_bs = p.ring_block_stride;
+    k.ring_rs = p.ring_row_stride;
+    k.cap = p.cap;
+    k.ring_slots = p.ring_blocks * p.cap;
+    k.qsl = a.qsl.ptr<const int32_t>();
+    k.t2r = a.token_to_req.ptr<const int32_t>();
+    k.num_reqs = p.num_reqs;
+    k.pcp = p.pcp ? 1 : 0;
+    if (p.pcp && a.prev_rows.present()) {
+      k.prev = a.prev_rows.ptr<const float>();
+      k.prev_stride = p.prev_row_stride;
+      k.prev_count = p.prev_rows;
+      k.prev_idx = a.prev_row_indices.ptr<const int64_t>();
+      k.prev_n = p.prev_indices;
+      if (k.prev_count > 0) require_aligned16(k.prev, op, "prev_rows");
+    }
+  }
+  return k;
+}
+
+void launch_compress_format(int f, const CompressParams& k, int ratio, cudaStream_t st) {
+  switch (f) {
+    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st); break;
+    case kV4: launch_compress<kV4>(k, ratio, st); break;
+    case kMx: launch_compress<kMx>(k, ratio, st); break;
+    case kNv: launch_compress<kNv>(k, ratio, st); break;
+    case kBf16: launch_compress<kBf16>(k, ratio, st); break;
+    case kFp8: launch_compress<kFp8>(k, ratio, st); break;
+    default: invalid_argument("compress_insert: cache.format: unknown record format");
+  }
+}
+
+}  // namespace
+
+void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx) {
+  if (p.N == 0) return;
+  const CompressParams k = make_compress_params(a, p, "compress", true);
+  launch_compress_format(kNoRecord, k, p.ratio, as_stream(ctx.stream));
+}
+
+void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
+  if (p.N == 0) return;
+  InsertParams k;
+  k.latent = a.latent.ptr<const uint16_t>();
+  k.pos = a.positions.ptr<const int64_t>();
+  k.slot = a.slots.ptr<const int64_t>();
+  k.N = p.N;
+  k.ratio = p.ratio;
+  k.table = a.rope_table.ptr<const float>();
+  k.table_rows = p.table_rows;
+  k.cache = make_cache_dst(a.cache);
+  require_aligned16(k.latent, "insert", "latent");
+  require_aligned16(k.table, "insert", "rope_table");
+  launch_insert(a.cache.format, k, as_stream(ctx.stream));
+}
+
+void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const InsertPlan& ip,
+                     const ExecContext& ctx) {
+  if (cp.N == 0) return;
+  CompressParams k =
+      make_compress_params(a.compress, cp, "compress_insert", a.compress.latent_out.present());
+  k.table = a.rope_table.ptr<const float>();
+  k.table_rows = ip.table_rows;
+  k.ins_slot = a.insert_slots.ptr<const int64_t>();
+  k.cache = make_cache_dst(a.cache);
+  require_aligned16(k.table, "compress_insert", "rope_table");
+  launch_compress_format(static_cast<int>(a.cache.format), k, cp.ratio, as_stream(ctx.stream));
+}
+
+void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
+  if (p.M == 0) return;
+  const CacheView& c = a.cache;
+  const RecordInfo& ri = record_info(c.format);
+  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
+  GatherParams k;
+  k.base = static_cast<const uint8_t*>(c.base);
+  k.S = c.states_per_page;
+  k.page_stride_bytes = c.page_stride * es;
+  k.row_stride_bytes = c.row_stride * es;
+  k.capacity = p.capacity;
+  k.fp8_scale = c.fp8_scale;
+  k.slot = a.slots.ptr<const int64_t>();
+  k.M = p.M;
+  k.out = a.out.ptr<uint16_t>();
+  k.out_stride = p.out_row_stride;
+  launch_gather(c.format, k, as_stream(ctx.stream));
+}
+
+void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx) {
+  if (p.G == 0) return;
+  SaveRowsParams k;
+  k.prev = a.prev_rows.ptr<const float>();
+  k.prev_stride = p.prev_row_stride;
+  k.slot = a.ring_write_slots.ptr<const int64_t>();
+  k.G = p.G;
+  k.ring = a.ring.ptr<float>();
+  k.ring_bs = p.ring_block_stride;
+  k.ring_rs = p.ring_row_stride;
+  k.cap = p.cap;
+  k.ring_slots = p.ring_blocks * p.cap;
+  require_aligned16(k.prev, "save_ring_rows", "prev_rows");
+  launch_save_ring_rows(k, as_stream(ctx.stream));
+}
+
+}  // namespace dsv41kv::detail::cuda

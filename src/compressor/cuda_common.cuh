@@ -1,0 +1,415 @@
+// Device building blocks of the CUDA compressor backend: vector loads/stores, the fast but
+// bit-identical forms of the shared primitives, and the cooperative record writers.
+//
+// Bit identity with the CPU reference (SPEC 0.4 item 2) comes from calling the same
+// host/device primitives of numerics.hpp / records.hpp / compress_math.hpp element by element.
+// Three shortcuts replace a primitive by a provably equal computation; each one has a
+// host-side proof test (tests/gpu/test_fast_math.cpp) and an exhaustive device test:
+//   * pool2_fast: the pool2 weights need only one exp32 when one score is the maximum, because
+//     exp32(+-0) == 1 exactly (numerics.hpp); the other branch keeps two exp32 calls.
+//   * e4m3x2_finite: cvt.rn.satfinite.e4m3x2.f32 (sm_89+) for finite inputs is e4m3_encode
+//     (SPEC 2.2 defines the encoder as that instruction, apart from the NaN byte, and it is only
+//     used on finite values). -DDSV41KV_CUDA_SOFT_FP8=1 uses the software encoder instead.
+//   * e2m1_quotient_code: e2m1_encode(div_rn(v, sd)) without the division, by comparing |v|
+//     with the exact products T*sd of the e2m1 decision thresholds T (see the proof below).
+//
+// Thread layout used by the writers ("writer layout"): a program (one token) is executed by
+// 512/E threads; thread gt owns the E consecutive dims [E*gt, E*gt + E). E = 16 (one warp per
+// token) or E = 4 (four warps per token). Every quantization tile (64, 32 or 16 dims) spans
+// tile/E consecutive lanes of one warp, reduced with xor-shuffles over all 32 lanes.
+#pragma once
+
+#include <cuda_runtime.h>
+#if !defined(DSV41KV_CUDA_SOFT_FP8)
+#include <cuda_fp8.h>
+#endif
+
+#include <cstdint>
+
+#include "compressor/compress_math.hpp"
+#include "dsv41kv/numerics.hpp"
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::detail::cuda {
+
+// Record writer selector of the kernels: a RecordFormat value, or kNoRecord (compress only).
+inline constexpr int kNoRecord = -1;
+inline constexpr int kV4 = static_cast<int>(RecordFormat::V4_584);
+inline constexpr int kMx = static_cast<int>(RecordFormat::MXFP8_528);
+inline constexpr int kNv = static_cast<int>(RecordFormat::NVFP4_288);
+inline constexpr int kBf16 = static_cast<int>(RecordFormat::PLAIN_BF16);
+inline constexpr int kFp8 = static_cast<int>(RecordFormat::PLAIN_FP8);
+
+// ---------------------------------------------------------------- fast, bit-identical math
+
+// pool2 of compress_math.hpp with one exp32 in the common case. With m = max_f(as, bs):
+// if as - m == 0 (as is the max, or equal) then ea = exp32(+-0) == 1 and eb = exp32(bs - m);
+// if bs - m == 0 then eb == 1. Only when neither difference is zero (non-finite scores) both
+// exponentials are evaluated, exactly as pool2 does.
+DSV41KV_HD float pool2_fast(float a_kv, float a_score, float b_kv, float b_score) {
+  const float m = num::max_f(a_score, b_score);
+  const float da = num::sub_rn(a_score, m);
+  const float db = num::sub_rn(b_score, m);
+  const bool za = (da == 0.0f);
+  const float ex = num::exp32(za ? db : da);
+  float ea, eb;
+  if (za) {
+    ea = 1.0f;
+    eb = ex;
+  } else {
+    ea = ex;
+    eb = (db == 0.0f) ? 1.0f : num::exp32(db);
+  }
+  const float den = num::add_rn(ea, eb);
+  const float wa = num::div_rn(ea, den);
+  const float wb = num::div_rn(eb, den);
+  return num::add_rn(num::mul_rn(a_kv, wa), num::mul_rn(b_kv, wb));
+}
+
+// e2m1_encode(div_rn(v, sd)) for finite v and an e4m3 scale value sd in [2^-9, 448], without
+// the division. e2m1_encode decides by comparing q = RN(|v|/sd) with the thresholds
+// T in {0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5} (<= or < alternately). Proof that the comparison of
+// q with T equals the comparison of the exact |v| with T*sd:
+//  - T*sd is exact in fp32 (T has <= 3 significant bits, sd <= 4; no under/overflow);
+//  - q == T exactly iff |v| == T*sd: the fp32 neighbours of T*sd give quotients
+//    T +- ulp(T*sd)/sd, and ulp(T*sd)/sd > ulp(T)/2 (strictly, because sd's significand is < 2),
+//    so they round away from T; the one case where the neighbour below lies in a finer binade
+//    (T*sd a power of two) needs T and sd powers of two, where the division is exact;
+//  - RN is monotone, so every other |v| lands on the same side of T as |v|/sd.
+// The sign is the sign bit of v (sd > 0), as the sign of the quotient (also for -0).
+DSV41KV_HD uint8_t e2m1_quotient_code(float v, const float (&thr)[7]) {
+  const float a = num::abs_f(v);
+  const int c = static_cast<int>(a > thr[0]) + static_cast<int>(a >= thr[1]) +
+                static_cast<int>(a > thr[2]) + static_cast<int>(a >= thr[3]) +
+                static_cast<int>(a > thr[4]) + static_cast<int>(a >= thr[5]) +
+                static_cast<int>(a > thr[6]);
+  return static_cast<uint8_t>(c | ((num::f2u(v) >> 31) << 3));
+}
+DSV41KV_HD void e2m1_thresholds(float sd, float (&thr)[7]) {
+  thr[0] = num::mul_rn(0.25f, sd);
+  thr[1] = num::mul_rn(0.75f, sd);
+  thr[2] = num::mul_rn(1.25f, sd);
+  thr[3] = num::mul_rn(1.75f, sd);
+  thr[4] = num::mul_rn(2.5f, sd);
+  thr[5] = num::mul_rn(3.5f, sd);
+  thr[6] = num::mul_rn(5.0f, sd);
+}
+
+// Two e4m3 bytes (lo = a, hi = b) of finite inputs; equal to e4m3_encode of each.
+__device__ __forceinline__ uint32_t e4m3x2_finite(float a, float b) {
+#if defined(DSV41KV_CUDA_SOFT_FP8) || !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ < 890)
+  return static_cast<uint32_t>(num::e4m3_encode(a)) |
+         (static_cast<uint32_t>(num::e4m3_encode(b)) << 8);
+#else
+  float2 f;
+  f.x = a;
+  f.y = b;
+  return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3));
+#endif
+}
+
+// ---------------------------------------------------------------- integer helpers
+
+// q = a / b, r = a % b for a >= 0, b > 0, with a 32-bit division when both fit (the common
+// case; a 64-bit division is a long emulated sequence on the GPU).
+__device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((static_cast<uint64_t>(a) | static_cast<uint64_t>(b)) >> 32) == 0) {
+    const uint32_t a32 = static_cast<uint32_t>(a), b32 = static_cast<uint32_t>(b);
+    const uint32_t q32 = a32 / b32;
+    q = q32;
+    r = a32 - q32 * b32;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+
+// ---------------------------------------------------------------- vector memory helpers
+
+__device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 ld4_stream(const float* p) {
+  return __ldcs(reinterpret_cast<const float4*>(p));  // read once: evict-first
+}
+__device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+// Ring rows may start at any float (the ring block stride is arbitrary, SPEC 3.2): these take
+// the (program-uniform) alignment of the row.
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+__device__ __forceinline__ float4 ld4_any(const float* p, bool al) {
+  if (al) return ld4(p);
+  return make_float4(p[0], p[1], p[2], p[3]);
+}
+__device__ __forceinline__ void st4_any(float* p, float4 v, bool al) {
+  if (al) {
+    st4(p, v);
+  } else {
+    p[0] = v.x;
+    p[1] = v.y;
+    p[2] = v.z;
+    p[3] = v.w;
+  }
+}
+
+// Stores NW 32-bit words (4*NW bytes) at dst with the widest stores its alignment allows.
+template <int NW>
+__device__ __forceinline__ void store_words(uint8_t* dst, const uint32_t (&w)[NW]) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(dst);
+  if constexpr (NW % 4 == 0) {
+    if ((a & 15u) == 0) {
+#pragma unroll
+      for (int i = 0; i < NW; i += 4)
+        *reinterpret_cast<uint4*>(dst + 4 * i) = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+      return;
+    }
+  }
+  if constexpr (NW % 2 == 0) {
+    if ((a & 7u) == 0) {
+#pragma unroll
+      for (int i = 0; i < NW; i += 2)
+        *reinterpret_cast<uint2*>(dst + 4 * i) = make_uint2(w[i], w[i + 1]);
+      return;
+    }
+  }
+  if ((a & 3u) == 0) {
+#pragma unroll
+    for (int i = 0; i < NW; ++i) *reinterpret_cast<uint32_t*>(dst + 4 * i) = w[i];
+    return;
+  }
+#pragma unroll
+  for (int i = 0; i < NW; ++i)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) dst[4 * i + b] = static_cast<uint8_t>(w[i] >> (8 * b));
+}
+// Two bytes (lo, hi) at dst.
+__device__ __forceinline__ void store_u16(uint8_t* dst, uint32_t v) {
+  if ((reinterpret_cast<uintptr_t>(dst) & 1u) == 0) {
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(v);
+  } else {
+    dst[0] = static_cast<uint8_t>(v);
+    dst[1] = static_cast<uint8_t>(v >> 8);
+  }
+}
+
+// Loads E consecutive bf16 (16-byte aligned source for E = 16, 8-byte for E = 4) as floats.
+template <int E>
+__device__ __forceinline__ void load_bf16(const uint16_t* src, float (&x)[E], uint16_t (&bits)[E]) {
+  static_assert(E == 16 || E == 4);
+  if constexpr (E == 16) {
+    const uint4 u0 = *reinterpret_cast<const uint4*>(src);
+    const uint4 u1 = *reinterpret_cast<const uint4*>(src + 8);
+    const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      bits[2 * i] = static_cast<uint16_t>(w[i] & 0xFFFFu);
+      bits[2 * i + 1] = static_cast<uint16_t>(w[i] >> 16);
+    }
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(src);
+    bits[0] = static_cast<uint16_t>(u.x & 0xFFFFu);
+    bits[1] = static_cast<uint16_t>(u.x >> 16);
+    bits[2] = static_cast<uint16_t>(u.y & 0xFFFFu);
+    bits[3] = static_cast<uint16_t>(u.y >> 16);
+  }
+#pragma unroll
+  for (int i = 0; i < E; ++i) x[i] = num::bf16_decode(bits[i]);
+}
+
+// Packs E bf16 bit patterns into E/2 words.
+template <int E>
+__device__ __forceinline__ void pack_bf16(const uint16_t (&b)[E], uint32_t (&w)[E / 2]) {
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i)
+    w[i] = static_cast<uint32_t>(b[2 * i]) | (static_cast<uint32_t>(b[2 * i + 1]) << 16);
+}
+
+// ---------------------------------------------------------------- RoPE in the writer layout
+
+// y = x, then the forward RoPE of SPEC 1.4 on the pairs of dims >= 448 this thread owns, with
+// the table row `trow` (64 floats, 16-byte aligned). d0 = first dim of the thread.
+template <int E>
+__device__ __forceinline__ void rope_thread(int d0, const float* trow, const float (&x)[E],
+                                            float (&y)[E]) {
+#pragma unroll
+  for (int i = 0; i < E; ++i) y[i] = x[i];
+  if (d0 < kNopeDim) return;
+  const int j0 = (d0 - kNopeDim) / 2;  // first pair index
+  float c[E / 2], s[E / 2];
+  if constexpr (E == 16) {
+    const float4 c0 = ld4(trow + j0), c1 = ld4(trow + j0 + 4);
+    const float4 s0 = ld4(trow + 32 + j0), s1 = ld4(trow + 32 + j0 + 4);
+    c[0] = c0.x; c[1] = c0.y; c[2] = c0.z; c[3] = c0.w;
+    c[4] = c1.x; c[5] = c1.y; c[6] = c1.z; c[7] = c1.w;
+    s[0] = s0.x; s[1] = s0.y; s[2] = s0.z; s[3] = s0.w;
+    s[4] = s1.x; s[5] = s1.y; s[6] = s1.z; s[7] = s1.w;
+  } else {
+    const float2 cc = *reinterpret_cast<const float2*>(trow + j0);
+    const float2 ss = *reinterpret_cast<const float2*>(trow + 32 + j0);
+    c[0] = cc.x; c[1] = cc.y;
+    s[0] = ss.x; s[1] = ss.y;
+  }
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i)
+    num::rope_forward(x[2 * i], x[2 * i + 1], c[i], s[i], y[2 * i], y[2 * i + 1]);
+}
+
+// ---------------------------------------------------------------- cooperative record writers
+
+// Where records go: a validated CacheView flattened for the kernels.
+struct CacheDst {
+  uint8_t* base = nullptr;          // page 0, byte 0
+  int64_t S = 1;                    // states per page
+  int64_t page_stride_bytes = 0;
+  int64_t row_stride_bytes = 0;     // plain rows
+  int64_t capacity = 0;             // num_pages * S: slots >= capacity are skipped
+  float fp8_inv = 1.0f;             // plain fp8: fp32(1 / sigma), IEEE division on the host
+};
+
+// Reduction of a tile's amax and finiteness over `lanes` consecutive lanes (a power of two
+// dividing 32). Every lane of the warp must call it.
+template <int kLanes>
+__device__ __forceinline__ void tile_reduce(float& amax, bool& finite) {
+  int fin = finite ? 1 : 0;
+#pragma unroll
+  for (int off = 1; off < kLanes; off <<= 1) {
+    amax = num::max_f(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
+    fin &= __shfl_xor_sync(0xFFFFFFFFu, fin, off);
+  }
+  finite = fin != 0;
+}
+
+template <int E>
+__device__ __forceinline__ void local_amax(const float (&v)[E], float& amax, bool& finite) {
+  amax = 0.0f;
+  finite = true;
+#pragma unroll
+  for (int i = 0; i < E; ++i) {
+    finite = finite && num::is_finite(v[i]);
+    amax = num::max_f(amax, num::abs_f(v[i]));
+  }
+}
+
+// UE8M0 quantization of this thread's E values of a tile whose reduced amax/finiteness are
+// given: value bytes into w, returns the scale byte (num::ue8m0_quantize_tile, element-wise).
+template <int E>
+__device__ __forceinline__ uint8_t ue8m0_thread(const float (&v)[E], float amax, bool finite,
+                                                uint32_t (&w)[E / 4]) {
+  if (!finite) {
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i) w[i] = 0x7F7F7F7Fu;
+    return 255;
+  }
+  const int e = num::ue8m0_exponent(amax);
+  const float inv = num::exp2i(-e);
+#pragma unroll
+  for (int i = 0; i < E / 4; ++i) {
+    const uint32_t lo = e4m3x2_finite(num::mul_rn(v[4 * i], inv), num::mul_rn(v[4 * i + 1], inv));
+    const uint32_t hi =
+        e4m3x2_finite(num::mul_rn(v[4 * i + 2], inv), num::mul_rn(v[4 * i + 3], inv));
+    w[i] = lo | (hi << 16);
+  }
+  return num::ue8m0_byte(e);
+}
+
+// Writes the record of one state (slot already bounded) cooperatively: thread gt of the
+// program owns dims [E*gt, E*gt + E); x = latent values, y = x after RoPE. All 32 lanes of every
+// warp of the program must call it (shuffles).
+template <int F, int E>
+__device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, int gt,
+                                             const float (&x)[E], const float (&y)[E]) {
+  static_assert(E == 16 || E == 4);
+  const int d0 = E * gt;
+  int64_t page, r;
+  divmod(slot, c.S, page, r);
+  uint8_t* pg = c.base + page * c.page_stride_bytes;
+  if constexpr (F == kV4) {
+    float amax;
+    bool fin;
+    local_amax<E>(x, amax, fin);
+    tile_reduce<64 / E>(amax, fin);
+    uint8_t* val = pg + V4Layout::value_offset(c.S, r);
+    uint8_t* sc = pg + V4Layout::scale_offset(c.S, r);
+    if (d0 < kNopeDim) {
+      uint32_t w[E / 4];
+      const uint8_t sb = ue8m0_thread<E>(x, amax, fin, w);
+      store_words<E / 4>(val + d0, w);
+      if (d0 % 64 == 0) sc[d0 / 64] = sb;
+    } else {
+      uint16_t b[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) b[i] = num::bf16_encode(y[i]);
+      uint32_t w[E / 2];
+      pack_bf16<E>(b, w);
+      store_words<E / 2>(val + kNopeDim + 2 * (d0 - kNopeDim), w);
+      if (d0 == kNopeDim) sc[7] = 0;
+    }
+  } else if constexpr (F == kMx) {
+    float amax;
+    bool fin;
+    local_amax<E>(y, amax, fin);
+    tile_reduce<32 / E>(amax, fin);
+    uint32_t w[E / 4];
+    const uint8_t sb = ue8m0_thread<E>(y, amax, fin, w);
+    store_words<E / 4>(pg + Mxfp8Layout::value_offset(c.S, r) + d0, w);
+    if (d0 % 32 == 0) pg[Mxfp8Layout::scale_offset(c.S, r) + d0 / 32] = sb;
+  } else if constexpr (F == kNv) {
+    float amax;
+    bool fin;
+    local_amax<E>(y, amax, fin);
+    tile_reduce<16 / E>(amax, fin);
+    uint8_t nib[E];
+    uint8_t sb;
+    if (!fin) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) nib[i] = 0;
+      sb = 0x7F;
+    } else {
+      // num::nvfp4_quantize_tile, element-wise
+      float t = num::mul_rn(amax, num::u2f(num::kInv6Bits));
+      const float lo = 1.0f / 512.0f;
+      t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
+      sb = static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
+      const float sd = num::e4m3_decode(sb);
+      float thr[7];
+      e2m1_thresholds(sd, thr);
+#pragma unroll
+      for (int i = 0; i < E; ++i) nib[i] = e2m1_quotient_code(y[i], thr);
+    }
+    uint8_t* val = pg + Nvfp4Layout::value_offset(c.S, r) + d0 / 2;
+    if constexpr (E == 16) {
+      uint32_t w[2];
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        w[k] = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+          w[k] |= static_cast<uint32_t>(nib[8 * k + 2 * b] | (nib[8 * k + 2 * b + 1] << 4))
+                  << (8 * b);
+      }
+      store_words<2>(val, w);
+    } else {
+      store_u16(val, static_cast<uint32_t>(nib[0] | (nib[1] << 4)) |
+                         (static_cast<uint32_t>(nib[2] | (nib[3] << 4)) << 8));
+    }
+    if (d0 % 16 == 0) pg[Nvfp4Layout::scale_offset(c.S, r) + d0 / 16] = sb;
+  } else if constexpr (F == kBf16) {
+    uint16_t b[E];
+#pragma unroll
+    for (int i = 0; i < E; ++i) b[i] = num::bf16_encode(y[i]);
+    uint32_t w[E / 2];
+    pack_bf16<E>(b, w);
+    store_words<E / 2>(pg + r * c.row_stride_bytes + 2 * d0, w);
+  } else if constexpr (F == kFp8) {
+    uint32_t w[E / 4];
+#pragma unroll
+    for (int i = 0; i < E / 4; ++i) {
+      w[i] = 0;
+#pragma unroll
+      for (int b = 0; b < 4; ++b)
+        w[i] |= static_cast<uint32_t>(rec::plain_fp8_encode(y[4 * i + b], c.fp8_inv)) << (8 * b);
+    }
+    store_words<E / 4>(pg + r * c.row_stride_bytes + d0, w);
+  }
+}
+
+}  // namespace dsv41kv::detail::cuda

@@ -1,0 +1,94 @@
+// Launch interface of the CUDA compressor kernels: flat parameter structs (device pointers and
+// sizes already validated and bounded on the host) and one launcher per kernel family. The
+// kernel templates live in cuda_compress.cuh / cuda_insert.cuh; each record format is
+// instantiated in its own translation unit (compress_cuda_<format>.cu) to keep nvcc's work per
+// file small.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "compressor/cuda_common.cuh"
+
+namespace dsv41kv::detail::cuda {
+
+// One fused save-compress-norm [+ insert] launch (SPEC 4.4-4.6, 5.1, 7.5).
+struct CompressParams {
+  // compress
+  const float* kv = nullptr;        // [>= N, 512*ratio], row stride kv_stride floats (% 16 == 0)
+  int64_t kv_stride = 0;
+  const int64_t* pos = nullptr;     // [>= N]
+  const int64_t* slot = nullptr;    // [N] ratio 2 ring slots; ratio 1 validity mask
+  int64_t N = 0;
+  const uint16_t* norm_w = nullptr; // bf16 [512]
+  float eps = 0.0f;
+  uint16_t* latent = nullptr;       // bf16 [>= N, 512] or null (fused without latent_out)
+  // ratio 2
+  float* ring = nullptr;            // [blocks, cap, 1024] with the strides below (floats)
+  int64_t ring_bs = 0, ring_rs = 0, cap = 1;
+  int64_t ring_slots = 0;           // blocks * cap: ring slots >= this are treated as -1
+  const int32_t* qsl = nullptr;     // [num_reqs + 1]
+  const int32_t* t2r = nullptr;     // [N]
+  int64_t num_reqs = 0;
+  int pcp = 0;                      // ring policy kOpenRow: no tail store, prev_rows lookups
+  const float* prev = nullptr;      // [prev_count, 1024], row stride prev_stride, or null
+  int64_t prev_stride = 0, prev_count = 0;
+  const int64_t* prev_idx = nullptr;  // [prev_n]
+  int64_t prev_n = 0;
+  // insert (record kernels only)
+  const float* table = nullptr;     // [table_rows, 64]
+  int64_t table_rows = 0;
+  const int64_t* ins_slot = nullptr;  // [N]
+  CacheDst cache;
+};
+
+// Programs of a call: ratio 1: N; ratio 2: num_reqs + ceil(N / 2).
+inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
+  return ratio == 1 ? N : num_reqs + (N + 1) / 2;
+}
+// Up to this many programs a program runs on a 128-thread block (4 warps share one token:
+// shorter latency for decode); above it on one warp (8 programs per 256-thread block).
+inline constexpr int64_t kSmallGridPrograms = 1024;
+
+// F = kNoRecord (compress only) or a RecordFormat value (fused compress + insert).
+template <int F>
+void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream);
+
+// RoPE + quantized insert of latent rows (SPEC 5.1).
+struct InsertParams {
+  const uint16_t* latent = nullptr;  // bf16 [>= N, 512]
+  const int64_t* pos = nullptr;
+  const int64_t* slot = nullptr;     // [N]
+  int64_t N = 0;
+  int ratio = 1;
+  const float* table = nullptr;
+  int64_t table_rows = 0;
+  CacheDst cache;
+};
+void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream);
+
+// Dequantize-gather (SPEC 5.3).
+struct GatherParams {
+  const uint8_t* base = nullptr;
+  int64_t S = 1, page_stride_bytes = 0, row_stride_bytes = 0, capacity = 0;
+  float fp8_scale = 1.0f;
+  const int64_t* slot = nullptr;  // [M]
+  int64_t M = 0;
+  uint16_t* out = nullptr;        // bf16 rows, stride out_stride elements
+  int64_t out_stride = 0;
+};
+void launch_gather(RecordFormat f, const GatherParams& p, cudaStream_t stream);
+
+// save_ring_rows (SPEC 7.5).
+struct SaveRowsParams {
+  const float* prev = nullptr;
+  int64_t prev_stride = 0;
+  const int64_t* slot = nullptr;  // [G]
+  int64_t G = 0;
+  float* ring = nullptr;
+  int64_t ring_bs = 0, ring_rs = 0, cap = 1, ring_slots = 0;
+};
+void launch_save_ring_rows(const SaveRowsParams& p, cudaStream_t stream);
+
+}  // namespace dsv41kv::detail::cuda

@@ -1,0 +1,131 @@
+// The separate (non-fused) CUDA kernels of the write path: RoPE + quantized insert of latent
+// rows (SPEC 5.1), the dequantize-gather reader (SPEC 5.3) and save_ring_rows (SPEC 7.5).
+// One warp per row; lane l owns dims [16l, 16l + 16) (the writer layout of cuda_common.cuh).
+#include "compressor/cuda_kernels.hpp"
+#include "core/cuda_util.hpp"
+
+namespace dsv41kv::detail::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+int64_t blocks_for(int64_t rows) { return (rows + kWarpsPerBlock - 1) / kWarpsPerBlock; }
+
+// ---------------------------------------------------------------- insert
+
+template <int F>
+__global__ void __launch_bounds__(256) insert_kernel(const InsertParams p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (t >= p.N) return;
+  const int64_t slot = p.slot[t];
+  if (slot < 0 || slot >= p.cache.capacity) return;
+  const int64_t pos = p.pos[t];
+  if (pos < 0 || (pos + 1) % p.ratio != 0) return;  // only closing tokens are written
+  const int64_t row = (pos / p.ratio) * p.ratio;      // RoPE at the group start
+  if (row >= p.table_rows) return;
+  const int d0 = 16 * lane;
+  float x[16], y[16];
+  uint16_t bits[16];
+  load_bf16<16>(p.latent + t * kLatentDim + d0, x, bits);
+  rope_thread<16>(d0, p.table + row * kRopeDim, x, y);
+  write_record<F, 16>(p.cache, slot, lane, x, y);
+}
+
+template <int F>
+void launch_insert_f(const InsertParams& p, cudaStream_t stream) {
+  insert_kernel<F><<<static_cast<unsigned>(blocks_for(p.N)), 32 * kWarpsPerBlock, 0, stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("insert_kernel");
+}
+
+// ---------------------------------------------------------------- gather
+
+template <int F>
+__global__ void __launch_bounds__(256) gather_kernel(const GatherParams p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (i >= p.M) return;
+  const int64_t slot = p.slot[i];
+  if (slot < 0 || slot >= p.capacity) return;
+  int64_t page, r;
+  divmod(slot, p.S, page, r);
+  const uint8_t* pg = p.base + page * p.page_stride_bytes;
+  const int d0 = 16 * lane;
+  uint16_t o[16];
+  if constexpr (F == kBf16) {
+    const auto* row = reinterpret_cast<const uint16_t*>(pg + r * p.row_stride_bytes);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) o[k] = row[d0 + k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      const int d = d0 + k;
+      if constexpr (F == kV4) o[k] = rec::read_v4_584(pg, p.S, r, d);
+      else if constexpr (F == kMx) o[k] = rec::read_mxfp8_528(pg, p.S, r, d);
+      else if constexpr (F == kNv) o[k] = rec::read_nvfp4_288(pg, p.S, r, d);
+      else o[k] = rec::read_plain_fp8(pg + r * p.row_stride_bytes, d, p.fp8_scale);
+    }
+  }
+  uint32_t w[8];
+  pack_bf16<16>(o, w);
+  store_words<8>(reinterpret_cast<uint8_t*>(p.out + i * p.out_stride + d0), w);
+}
+
+template <int F>
+void launch_gather_f(const GatherParams& p, cudaStream_t stream) {
+  gather_kernel<F><<<static_cast<unsigned>(blocks_for(p.M)), 32 * kWarpsPerBlock, 0, stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("gather_kernel");
+}
+
+// ---------------------------------------------------------------- save_ring_rows
+
+__global__ void __launch_bounds__(256) save_ring_rows_kernel(const SaveRowsParams p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (g >= p.G) return;
+  const int64_t slot = p.slot[g];
+  if (slot < 0 || slot >= p.ring_slots) return;
+  int64_t blk, row;
+  divmod(slot, p.cap, blk, row);
+  float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+  const float* src = p.prev + g * p.prev_stride;
+  const bool d_al = aligned16(dst);  // ring block strides are arbitrary
+  float4 v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k) v[k] = ld4(src + 4 * lane + 128 * k);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) st4_any(dst + 4 * lane + 128 * k, v[k], d_al);
+}
+
+}  // namespace
+
+void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream) {
+  if (p.N <= 0) return;
+  switch (f) {
+    case RecordFormat::V4_584: launch_insert_f<kV4>(p, stream); break;
+    case RecordFormat::MXFP8_528: launch_insert_f<kMx>(p, stream); break;
+    case RecordFormat::NVFP4_288: launch_insert_f<kNv>(p, stream); break;
+    case RecordFormat::PLAIN_BF16: launch_insert_f<kBf16>(p, stream); break;
+    case RecordFormat::PLAIN_FP8: launch_insert_f<kFp8>(p, stream); break;
+  }
+}
+
+void launch_gather(RecordFormat f, const GatherParams& p, cudaStream_t stream) {
+  if (p.M <= 0) return;
+  switch (f) {
+    case RecordFormat::V4_584: launch_gather_f<kV4>(p, stream); break;
+    case RecordFormat::MXFP8_528: launch_gather_f<kMx>(p, stream); break;
+    case RecordFormat::NVFP4_288: launch_gather_f<kNv>(p, stream); break;
+    case RecordFormat::PLAIN_BF16: launch_gather_f<kBf16>(p, stream); break;
+    case RecordFormat::PLAIN_FP8: launch_gather_f<kFp8>(p, stream); break;
+  }
+}
+
+void launch_save_ring_rows(const SaveRowsParams& p, cudaStream_t stream) {
+  if (p.G <= 0) return;
+  save_ring_rows_kernel<<<static_cast<unsigned>(blocks_for(p.G)), 32 * kWarpsPerBlock, 0,
+                          stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("save_ring_rows_kernel");
+}
+
+}  // namespace dsv41kv::detail::cuda

@@ -1,0 +1,41 @@
+// CUDA error handling shared by every CUDA translation unit of the library (and the GPU tests
+// and the bench): a failing runtime call becomes dsv41kv::Error(ErrorCode::kCuda) naming the
+// call, the file and the line. Include only where <cuda_runtime.h> is available (CUDA builds).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "dsv41kv/common.hpp"
+
+namespace dsv41kv::detail {
+
+// Throws Error(kCuda, "<file>:<line>: <expr>: <cudaGetErrorName>: <cudaGetErrorString>").
+[[noreturn]] void cuda_fail(cudaError_t e, const char* expr, const char* file, int line);
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// Streaming multiprocessors of the current device (cached per device, host-only query).
+int cuda_sm_count();
+
+// True when p is a multiple of `align` bytes.
+inline bool is_aligned(const void* p, uintptr_t align) {
+  return (reinterpret_cast<uintptr_t>(p) % align) == 0;
+}
+// E8 naming `op`/`arg` when the device pointer is not 16-byte aligned (the CUDA kernels load
+// and store rows with 16-byte vectors).
+void require_aligned16(const void* p, const char* op, const char* arg);
+
+}  // namespace dsv41kv::detail
+
+#define DSV41KV_CUDA_CHECK(expr)                                                   \
+  do {                                                                             \
+    const cudaError_t dsv41kv_err_ = (expr);                                       \
+    if (dsv41kv_err_ != cudaSuccess)                                               \
+      ::dsv41kv::detail::cuda_fail(dsv41kv_err_, #expr, __FILE__, __LINE__);       \
+  } while (0)
+
+// After a kernel launch: reports launch-configuration errors without synchronising.
+#define DSV41KV_CUDA_CHECK_LAUNCH(name) DSV41KV_CUDA_CHECK(cudaPeekAtLastError())
