@@ -1,0 +1,140 @@
+// dsv41kv: the multi-step PCP serving simulation (SPEC 10.6) behind `dsv41kv run` and `demo`.
+//
+// A seeded workload (requests with prompt lengths and start offsets, a chunked-prefill
+// scheduler with a token budget, decode steps, null-block requests, graph padding) is generated
+// once, independently of P. A Simulation then replays it step by step with P ranks as threads
+// (ThreadGroup), each rank owning its ring and its replicated compressed caches, and optionally
+// with the two single-rank references of SPEC 7.8 (the non-PCP tail-policy run on the unsplit
+// batch and the open-row run). check_step() asserts SPEC 7.8 and audits the link against an
+// oracle derived from the plan alone (DECISION 13 tie-break).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dsv41kv/pcp.hpp"
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::pcp {
+
+// ---------------------------------------------------------------- workload
+
+struct WorkloadConfig {
+  uint64_t seed = 1;
+  int64_t num_requests = 10;
+  int64_t prompt_min = 9, prompt_max = 160;  // prompt tokens still to compute, inclusive range
+  int64_t start_min = 0, start_max = 9;      // num_computed at admission (continued prefill)
+  int64_t decode_steps = 3;                  // decode tokens per request after its prompt
+  int64_t chunk_budget = 96;                 // tokens per step (decodes first, then prefills)
+  bool jitter_budget = false;                // per-step budget uniform in [1, chunk_budget]
+  int64_t max_num_seqs = 4;                  // running requests at once (and link num_rows)
+  double null_block_fraction = 0.125;        // requests with ring block 0 and null pages
+  int64_t graph_pad_multiple = 0;            // 0: padded = largest rank; else round up to it
+  int64_t max_steps = 0;                     // 0: until every request has finished
+};
+// Checks ranges (E8 naming the field).
+void validate(const WorkloadConfig& c);
+
+struct ScheduledRequest {
+  int32_t id = 0;  // workload request id
+  GlobalRequest req;
+};
+
+struct Workload {
+  WorkloadConfig config;
+  struct Request {
+    int64_t start = 0;       // num_computed at admission
+    int64_t prompt_len = 0;  // tokens to prefill
+    int64_t decode_steps = 0;
+    bool null_block = false;
+    int32_t ring_block = 0;  // 0 for null-block requests, distinct otherwise
+  };
+  std::vector<Request> requests;
+  std::vector<std::vector<ScheduledRequest>> steps;  // decodes first, then prefills
+  int64_t max_position = 0;                          // largest position of any token
+};
+Workload generate_workload(const WorkloadConfig& c);
+
+// ---------------------------------------------------------------- simulation
+
+struct SimConfig {
+  int ratio = 2;                       // 1 or 2
+  std::vector<RecordFormat> formats = {RecordFormat::V4_584, RecordFormat::MXFP8_528,
+                                       RecordFormat::NVFP4_288, RecordFormat::PLAIN_BF16,
+                                       RecordFormat::PLAIN_FP8};
+  int64_t states_per_page = 0;         // 0: 64 / ratio (SPEC 3.6)
+  DecodePlacement placement = DecodePlacement::kReplicated;
+  Mutation mutation = Mutation::kNone;
+  int64_t num_speculative_tokens = 0;  // E6 with P > 1
+  float eps = 1e-6f;
+};
+
+struct Mismatch {
+  int64_t step = 0;
+  int rank = -1;           // -1: a reference
+  std::string tensor;      // "latent", "cache[v4_584]", "ring", "link.ring_write_slots", ...
+  int64_t index = 0;       // element index within the tensor (bytes for caches)
+  std::string detail;
+  std::string to_string() const;
+};
+
+struct StepReport {
+  int64_t step = 0;
+  int64_t num_reqs = 0, num_tokens = 0, num_decodes = 0;
+  int64_t padded = 0, num_rows = 0;
+  std::vector<int64_t> tokens_per_rank;
+  std::vector<CommVolume> volume;          // per rank: keys, positions, rows, latents, replaced
+  std::vector<uint64_t> measured_received; // per rank: the communicator's counter delta
+  std::vector<uint64_t> measured_sent;
+  // Coverage of the step (summed over ranks): chunks whose odd first position found its
+  // predecessor among the gathered last rows / had to read the ring; ring rows written by
+  // save_ring_rows on rank 0; tokens of null-block requests; masked replica rows.
+  int64_t prev_from_gathered = 0, prev_from_ring = 0, ring_writes = 0;
+  int64_t null_block_tokens = 0, masked_replica_rows = 0;
+};
+
+struct CheckStats {
+  uint64_t latent_elements = 0, latent_mismatched = 0;
+  uint64_t cache_bytes = 0, cache_mismatched = 0;
+  uint64_t ring_floats = 0, ring_mismatched = 0;
+  uint64_t link_entries = 0, link_mismatched = 0;
+  CheckStats& operator+=(const CheckStats& o);
+};
+
+class Simulation {
+ public:
+  // E6 for P > 1 with speculative tokens; E8 for bad configs.
+  Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference);
+  ~Simulation();
+  Simulation(const Simulation&) = delete;
+  Simulation& operator=(const Simulation&) = delete;
+
+  int P() const;
+  int64_t num_steps() const;
+  // Runs step i (steps must run in order 0, 1, ...) on all ranks and, with_reference, on both
+  // references.
+  StepReport run_step(int64_t i);
+  // SPEC 7.8 after the last run step (needs with_reference): returns the first difference
+  // (order: link, latents, caches, rings) and accumulates element statistics into `stats`.
+  std::optional<Mismatch> check_step(CheckStats* stats = nullptr) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Convenience: run all steps, checking each (when verify); stops at the first mismatch unless
+// keep_going (then the statistics cover the whole run).
+struct RunResult {
+  int P = 1;
+  std::vector<StepReport> steps;
+  std::optional<Mismatch> first_mismatch;
+  CheckStats stats;
+};
+RunResult run_simulation(const SimConfig& cfg, const Workload& w, int P, bool verify,
+                         bool keep_going = false);
+
+}  // namespace dsv41kv::pcp

@@ -1,0 +1,740 @@
+// The PCP simulation (SPEC 10.6): P ranks as threads replaying a seeded workload, the two
+// single-rank references of SPEC 7.8, and the per-step invariant check.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+
+#include "dsv41kv/compressor.hpp"
+#include "dsv41kv/metadata.hpp"
+#include "dsv41kv/pcp_sim.hpp"
+#include "pcp/rng.hpp"
+
+namespace dsv41kv::pcp {
+
+std::string Mismatch::to_string() const {
+  return fmt::format("step {} rank {} tensor {} index {}{}{}", step,
+                     rank < 0 ? std::string("ref") : std::to_string(rank), tensor, index,
+                     detail.empty() ? "" : ": ", detail);
+}
+
+CheckStats& CheckStats::operator+=(const CheckStats& o) {
+  latent_elements += o.latent_elements;
+  latent_mismatched += o.latent_mismatched;
+  cache_bytes += o.cache_bytes;
+  cache_mismatched += o.cache_mismatched;
+  ring_floats += o.ring_floats;
+  ring_mismatched += o.ring_mismatched;
+  link_entries += o.link_entries;
+  link_mismatched += o.link_mismatched;
+  return *this;
+}
+
+namespace {
+
+constexpr float kRingCanary = 3.0f;
+constexpr uint16_t kLatentCanary = 0x7FC0;  // bf16 NaN: latents are not initialised by compress
+constexpr float kPlainFp8Scale = 0.5f;
+
+// kv_score row of (request, position): a deterministic function, the same on every rank.
+void fill_kv_row(float* dst, uint64_t seed, int64_t req, int64_t pos, int cols) {
+  const uint64_t row = splitmix64(splitmix64(splitmix64(seed ^ 0x6B765F73636F7265ull) ^
+                                             static_cast<uint64_t>(req)) ^
+                                  static_cast<uint64_t>(pos));
+  for (int c = 0; c < cols; ++c) {
+    const uint64_t h = splitmix64(row + static_cast<uint64_t>(c));
+    dst[c] = c < kLatentDim ? hash_float(h, -2.0f, 2.0f) : hash_float(h, -4.0f, 4.0f);
+  }
+}
+
+struct CacheSet {
+  std::vector<std::vector<uint8_t>> backing;  // one per format
+  std::vector<CacheView> views;
+};
+
+CacheSet make_caches(const std::vector<RecordFormat>& formats, int64_t num_pages, int64_t S) {
+  CacheSet cs;
+  for (RecordFormat f : formats) {
+    CacheView v = CacheView::with_default_strides(nullptr, f, num_pages, S);
+    std::vector<uint8_t> b(v.backing_bytes());
+    if (f == RecordFormat::PLAIN_BF16) {
+      for (size_t i = 0; i + 1 < b.size(); i += 2) {
+        b[i] = 0x40;
+        b[i + 1] = 0x40;
+      }
+    } else {
+      std::fill(b.begin(), b.end(), uint8_t{165});
+    }
+    cs.backing.push_back(std::move(b));
+    cs.views.push_back(v);
+  }
+  for (size_t i = 0; i < formats.size(); ++i) {
+    cs.views[i].base = cs.backing[i].data();
+    if (formats[i] == RecordFormat::PLAIN_FP8) cs.views[i].fp8_scale = kPlainFp8Scale;
+  }
+  return cs;
+}
+
+struct RankState {
+  std::vector<float> ring;
+  CacheSet caches;
+  std::vector<int32_t> token_to_req;
+  std::vector<int64_t> ring_slots;
+  std::vector<uint16_t> latent;
+  std::vector<uint16_t> gathered_latent;
+  LayerStepResult result;
+  CommVolume volume;
+  uint64_t measured_sent = 0, measured_received = 0;
+};
+
+struct RefState {
+  std::vector<float> ring_tail, ring_open;
+  CacheSet caches;
+  std::vector<int32_t> qsl, token_to_req;
+  std::vector<int64_t> positions, ring_slots, cslots;
+  std::vector<uint16_t> latent_tail, latent_open;
+};
+
+TensorView v_i64(std::vector<int64_t>& v, int64_t n) {
+  return TensorView::contiguous(v.data(), DType::I64, {n});
+}
+TensorView v_i32(std::vector<int32_t>& v, int64_t n) {
+  return TensorView::contiguous(v.data(), DType::I32, {n});
+}
+
+}  // namespace
+
+struct Simulation::Impl {
+  SimConfig cfg;
+  Workload w;
+  int P = 1;
+  bool with_ref = false;
+  int64_t S = 0, cap = 8, ring_blocks = 0, num_pages = 0, max_pages = 0;
+  std::vector<std::vector<int32_t>> ctable;  // per workload request [max_pages]
+  std::vector<float> rope;
+  int64_t rope_rows = 0;
+  std::vector<uint16_t> norm_w;
+  std::unique_ptr<ThreadGroup> group;
+  std::vector<RankState> ranks;
+  RefState ref;
+  int64_t next_step = 0;
+  // The last run step.
+  StepPlan plan;
+  std::vector<ScheduledRequest> sreqs;
+  std::vector<int64_t> gathered_cslots;
+  std::vector<int64_t> computed;  // per workload request, after the last run step
+
+  int cols() const { return kLatentDim * cfg.ratio; }
+
+  void kv_rows(std::vector<float>& out, int64_t rows, const std::vector<int32_t>& ids,
+               const std::vector<int64_t>& pos) const {
+    out.assign(static_cast<size_t>(rows) * static_cast<size_t>(cols()), 0.0f);
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (ids[t] >= 0) fill_kv_row(out.data() + t * static_cast<size_t>(cols()), w.config.seed, ids[t], pos[t], cols());
+  }
+
+  void seed_rings() {
+    // Requests admitted with num_computed > 0 had their earlier positions computed before the
+    // simulation: the tail ring holds their last min(start, cap) rows, the open-row rings only
+    // the newest row when its group is open.
+    std::vector<float> row(kRingRowFloats);
+    for (size_t id = 0; id < w.requests.size(); ++id) {
+      const auto& r = w.requests[id];
+      if (r.ring_block <= 0 || r.start == 0 || cfg.ratio != 2) continue;
+      for (int64_t p = std::max<int64_t>(0, r.start - cap); p < r.start; ++p) {
+        fill_kv_row(row.data(), w.config.seed, static_cast<int64_t>(id), p, kRingRowFloats);
+        const size_t off = static_cast<size_t>((r.ring_block * cap + p % cap) * kRingRowFloats);
+        const bool open = p == r.start - 1 && p % 2 == 0;
+        if (with_ref) std::memcpy(ref.ring_tail.data() + off, row.data(), sizeof(float) * kRingRowFloats);
+        if (!open) continue;
+        if (with_ref) std::memcpy(ref.ring_open.data() + off, row.data(), sizeof(float) * kRingRowFloats);
+        for (auto& rs : ranks) std::memcpy(rs.ring.data() + off, row.data(), sizeof(float) * kRingRowFloats);
+      }
+    }
+  }
+
+  TensorView ring_view(std::vector<float>& ring) {
+    return TensorView::contiguous(ring.data(), DType::F32, {ring_blocks, cap, kRingRowFloats});
+  }
+
+  // Compressed block table rows of the step's requests, [G, max_pages].
+  std::vector<int32_t> step_ctable() const {
+    std::vector<int32_t> bt(sreqs.size() * static_cast<size_t>(max_pages));
+    for (size_t g = 0; g < sreqs.size(); ++g)
+      std::copy(ctable[static_cast<size_t>(sreqs[g].id)].begin(), ctable[static_cast<size_t>(sreqs[g].id)].end(),
+                bt.begin() + static_cast<ptrdiff_t>(g * static_cast<size_t>(max_pages)));
+    return bt;
+  }
+
+  void run_reference();
+  void run_rank(Communicator& comm);
+};
+
+Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference)
+    : impl_(new Impl) {
+  Impl& m = *impl_;
+  if (cfg.ratio != 1 && cfg.ratio != 2)
+    fail(ErrorCode::kCompressorRatio, fmt::format("simulation: ratio = {} (expected 1 or 2)", cfg.ratio));
+  if (P < 1 || P > 64) invalid_argument(fmt::format("simulation: P = {} (expected 1..64)", P));
+  if (cfg.num_speculative_tokens < 0)
+    invalid_argument(fmt::format("simulation: num_speculative_tokens = {} (expected >= 0)",
+                                 cfg.num_speculative_tokens));
+  if (P > 1 && cfg.num_speculative_tokens > 0)
+    fail(ErrorCode::kPcpWithSpec,
+         fmt::format("pcp_size = {} with num_speculative_tokens = {}: PCP cannot be combined with "
+                     "speculative decoding: under PCP the ring keeps only the open row",
+                     P, cfg.num_speculative_tokens));
+  if (cfg.formats.empty()) invalid_argument("simulation: formats is empty (expected at least one)");
+  validate(w.config);
+  m.cfg = cfg;
+  m.w = w;
+  m.P = P;
+  m.with_ref = with_reference;
+  m.S = cfg.states_per_page > 0 ? cfg.states_per_page : 64 / cfg.ratio;
+  m.cap = ring_capacity(cfg.num_speculative_tokens);
+  int32_t max_block = 0;
+  for (const auto& r : w.requests) max_block = std::max(max_block, r.ring_block);
+  m.ring_blocks = max_block + 1;
+
+  // Compressed block tables: shuffled distinct pages >= 1; null-block requests all 0.
+  Rng rng(w.config.seed ^ 0xC0FFEEull ^ static_cast<uint64_t>(cfg.ratio));
+  std::vector<int64_t> need(w.requests.size());
+  int64_t total = 0;
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    const auto& r = w.requests[i];
+    const int64_t last = r.start + r.prompt_len + r.decode_steps - 1;
+    need[i] = (last / cfg.ratio) / m.S + 1;
+    m.max_pages = std::max(m.max_pages, need[i]);
+    if (!r.null_block) total += need[i];
+  }
+  std::vector<int32_t> pages(static_cast<size_t>(total));
+  for (int64_t i = 0; i < total; ++i) pages[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
+  for (int64_t i = total - 1; i > 0; --i)
+    std::swap(pages[static_cast<size_t>(i)], pages[static_cast<size_t>(rng.uniform(0, i))]);
+  m.num_pages = total + 1;
+  size_t next = 0;
+  for (size_t i = 0; i < w.requests.size(); ++i) {
+    std::vector<int32_t> row(static_cast<size_t>(m.max_pages), 0);
+    if (!w.requests[i].null_block)
+      for (int64_t k = 0; k < need[i]; ++k) row[static_cast<size_t>(k)] = pages[next++];
+    m.ctable.push_back(std::move(row));
+  }
+
+  // RoPE table (theta = 10000, binary64 rounded once), rows for every group start.
+  m.rope_rows = w.max_position + 2;
+  m.rope.resize(static_cast<size_t>(m.rope_rows) * 64);
+  for (int64_t r = 0; r < m.rope_rows; ++r)
+    for (int i = 0; i < 32; ++i) {
+      const double a = static_cast<double>(r) * std::pow(10000.0, -static_cast<double>(i) / 32.0);
+      m.rope[static_cast<size_t>(r * 64 + i)] = static_cast<float>(std::cos(a));
+      m.rope[static_cast<size_t>(r * 64 + 32 + i)] = static_cast<float>(std::sin(a));
+    }
+  m.norm_w.resize(kLatentDim);
+  for (int d = 0; d < kLatentDim; ++d)
+    m.norm_w[static_cast<size_t>(d)] = num::bf16_encode(hash_float(splitmix64(w.config.seed + 77 + static_cast<uint64_t>(d)), 0.5f, 1.5f));
+
+  const size_t ring_floats = static_cast<size_t>(m.ring_blocks * m.cap) * kRingRowFloats;
+  m.ranks.resize(static_cast<size_t>(P));
+  for (auto& rs : m.ranks) {
+    if (cfg.ratio == 2) rs.ring.assign(ring_floats, kRingCanary);
+    rs.caches = make_caches(cfg.formats, m.num_pages, m.S);
+  }
+  if (with_reference) {
+    if (cfg.ratio == 2) {
+      m.ref.ring_tail.assign(ring_floats, kRingCanary);
+      m.ref.ring_open.assign(ring_floats, kRingCanary);
+    }
+    m.ref.caches = make_caches(cfg.formats, m.num_pages, m.S);
+  }
+  m.seed_rings();
+  m.computed.resize(w.requests.size());
+  for (size_t i = 0; i < w.requests.size(); ++i) m.computed[i] = w.requests[i].start;
+  m.group = std::make_unique<ThreadGroup>(P);
+}
+
+Simulation::~Simulation() = default;
+int Simulation::P() const { return impl_->P; }
+int64_t Simulation::num_steps() const { return static_cast<int64_t>(impl_->w.steps.size()); }
+
+void Simulation::Impl::run_reference() {
+  const int64_t G = static_cast<int64_t>(sreqs.size());
+  RefState& r = ref;
+  r.qsl.assign(1, 0);
+  r.positions.clear();
+  std::vector<int32_t> ids;
+  for (const auto& s : sreqs) {
+    r.qsl.push_back(static_cast<int32_t>(r.qsl.back() + s.req.query_len));
+    for (int64_t i = 0; i < s.req.query_len; ++i) {
+      r.positions.push_back(s.req.num_computed + i);
+      ids.push_back(s.id);
+    }
+  }
+  const int64_t N = r.qsl.back();
+  r.token_to_req.assign(static_cast<size_t>(N), 0);
+  build_token_to_req({v_i32(r.qsl, G + 1), v_i32(r.token_to_req, N)});
+  std::vector<int32_t> ring_bt(static_cast<size_t>(G));
+  for (int64_t g = 0; g < G; ++g) ring_bt[static_cast<size_t>(g)] = w.requests[static_cast<size_t>(sreqs[static_cast<size_t>(g)].id)].ring_block;
+  std::vector<int32_t> cbt = step_ctable();
+  r.cslots.assign(static_cast<size_t>(N), -1);
+  {
+    CompressedSlotArgs a;
+    a.ratio = cfg.ratio;
+    a.token_to_req = v_i32(r.token_to_req, N);
+    a.positions = v_i64(r.positions, N);
+    a.block_table = TensorView::contiguous(cbt.data(), DType::I32, {G, max_pages});
+    a.num_actual_tokens = N;
+    a.states_per_page = S;
+    a.slots = v_i64(r.cslots, N);
+    build_compressed_slots(a);
+  }
+  std::vector<float> kv;
+  kv_rows(kv, N, ids, r.positions);
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  if (cfg.ratio == 2) {
+    r.ring_slots.assign(static_cast<size_t>(N), -1);
+    RingSlotArgs a;
+    a.token_to_req = v_i32(r.token_to_req, N);
+    a.positions = v_i64(r.positions, N);
+    a.ring_block_table = TensorView::contiguous(ring_bt.data(), DType::I32, {G, 1});
+    a.num_actual_tokens = N;
+    a.cap = cap;
+    a.ring_slots = v_i64(r.ring_slots, N);
+    build_ring_slots(a);
+  }
+  auto base_args = [&](std::vector<uint16_t>& latent, std::vector<float>& ring) {
+    latent.assign(static_cast<size_t>(N) * kLatentDim, kLatentCanary);
+    CompressArgs c;
+    c.ratio = cfg.ratio;
+    c.kv_score = TensorView::contiguous(kv.data(), DType::F32, {N, cols()});
+    c.positions = v_i64(r.positions, N);
+    c.slot_mapping = cfg.ratio == 2 ? v_i64(r.ring_slots, N) : v_i64(r.cslots, N);
+    c.norm_weight = TensorView::contiguous(norm_w.data(), DType::BF16, {kLatentDim});
+    c.eps = cfg.eps;
+    c.latent_out = TensorView::contiguous(latent.data(), DType::BF16, {N, kLatentDim});
+    if (cfg.ratio == 2) {
+      c.ring = ring_view(ring);
+      c.qsl = v_i32(r.qsl, G + 1);
+      c.token_to_req = v_i32(r.token_to_req, N);
+    }
+    return c;
+  };
+  // Non-PCP single-rank run (policy tail), then its inserts.
+  {
+    std::vector<float> none;
+    CompressArgs c = base_args(r.latent_tail, cfg.ratio == 2 ? r.ring_tail : none);
+    c.policy = RingPolicy::kTail;
+    compress(c, ctx);
+    for (const CacheView& cv : r.caches.views) {
+      InsertArgs ins;
+      ins.ratio = cfg.ratio;
+      ins.latent = TensorView::contiguous(r.latent_tail.data(), DType::BF16, {N, kLatentDim});
+      ins.positions = v_i64(r.positions, N);
+      ins.rope_table = TensorView::contiguous(rope.data(), DType::F32, {rope_rows, 64});
+      ins.slots = v_i64(r.cslots, N);
+      ins.cache = cv;
+      insert(ins, ctx);
+    }
+  }
+  // Open-row single-rank run: unsplit batch, every prev_row_indices -1, save_ring_rows writes
+  // each request's newest row when its group is open.
+  if (cfg.ratio == 2) {
+    CompressArgs c = base_args(r.latent_open, r.ring_open);
+    c.policy = RingPolicy::kOpenRow;
+    std::vector<float> last_rows(static_cast<size_t>(G) * kRingRowFloats);
+    std::vector<int64_t> idx(static_cast<size_t>(G), -1), wslots(static_cast<size_t>(G), -1);
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t e = r.qsl[static_cast<size_t>(g + 1)];
+      if (e == r.qsl[static_cast<size_t>(g)]) continue;
+      std::memcpy(last_rows.data() + g * kRingRowFloats, kv.data() + (e - 1) * cols(),
+                  sizeof(float) * kRingRowFloats);
+      const int64_t p = r.positions[static_cast<size_t>(e - 1)];
+      const int32_t b = ring_bt[static_cast<size_t>(g)];
+      if (b > 0 && p % 2 == 0) wslots[static_cast<size_t>(g)] = b * cap + p % cap;
+    }
+    c.prev_rows = TensorView::contiguous(last_rows.data(), DType::F32, {G, kRingRowFloats});
+    c.prev_row_indices = v_i64(idx, G);
+    compress(c, ctx);
+    SaveRingRowsArgs s;
+    s.prev_rows = c.prev_rows;
+    s.ring_write_slots = v_i64(wslots, G);
+    s.ring = ring_view(r.ring_open);
+    save_ring_rows(s, ctx);
+  }
+}
+
+void Simulation::Impl::run_rank(Communicator& comm) {
+  const int k = comm.rank();
+  RankState& rs = ranks[static_cast<size_t>(k)];
+  const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
+  const int64_t padded = plan.padded;
+  const int64_t nreq = rb.num_reqs();
+  const Communicator::Counters before = comm.counters();
+
+  std::vector<int32_t> qsl = rb.qsl;
+  std::vector<int64_t> positions = rb.positions;
+  rs.token_to_req.assign(static_cast<size_t>(padded), 0);
+  build_token_to_req({v_i32(qsl, nreq + 1), v_i32(rs.token_to_req, padded)});
+  std::vector<int32_t> ring_bt(static_cast<size_t>(nreq), 0);
+  std::vector<int32_t> ids(static_cast<size_t>(padded), -1);
+  for (int64_t j = 0; j < nreq; ++j) {
+    const int32_t g = rb.local_to_global_req[static_cast<size_t>(j)];
+    if (g < 0) continue;
+    const int32_t id = sreqs[static_cast<size_t>(g)].id;
+    ring_bt[static_cast<size_t>(j)] = w.requests[static_cast<size_t>(id)].ring_block;
+    for (int32_t t = qsl[static_cast<size_t>(j)]; t < qsl[static_cast<size_t>(j + 1)]; ++t) ids[static_cast<size_t>(t)] = id;
+  }
+  rs.ring_slots.assign(static_cast<size_t>(padded), -1);
+  if (cfg.ratio == 2) {
+    RingSlotArgs a;
+    a.token_to_req = v_i32(rs.token_to_req, padded);
+    a.positions = v_i64(positions, padded);
+    a.ring_block_table = TensorView::contiguous(ring_bt.data(), DType::I32, {nreq, 1});
+    a.num_actual_tokens = rb.num_tokens;
+    a.cap = cap;
+    a.ring_slots = v_i64(rs.ring_slots, padded);
+    build_ring_slots(a);
+  }
+  std::vector<float> kv;
+  kv_rows(kv, padded, ids, positions);
+
+  // Positions are gathered once per step (SPEC 7.6).
+  std::vector<int64_t> gpos(static_cast<size_t>(P * padded));
+  comm.all_gather(positions.data(), positions.size() * sizeof(int64_t), gpos.data());
+  if (gpos != plan.gathered_positions)
+    fail(ErrorCode::kComm, fmt::format("rank {}: gathered positions differ from the plan", k));
+
+  rs.latent.assign(static_cast<size_t>(padded) * kLatentDim, kLatentCanary);
+  rs.gathered_latent.assign(static_cast<size_t>(P * padded) * kLatentDim, kLatentCanary);
+  LayerStepArgs a;
+  a.ratio = cfg.ratio;
+  a.cap = cap;
+  a.max_num_seqs = w.config.max_num_seqs;
+  a.eps = cfg.eps;
+  a.kv_score = TensorView::contiguous(kv.data(), DType::F32, {padded, cols()});
+  a.positions = v_i64(positions, padded);
+  a.qsl = v_i32(qsl, nreq + 1);
+  a.token_to_req = v_i32(rs.token_to_req, padded);
+  a.ring_slots = v_i64(rs.ring_slots, padded);
+  if (cfg.ratio == 2) a.ring = ring_view(rs.ring);
+  a.norm_weight = TensorView::contiguous(norm_w.data(), DType::BF16, {kLatentDim});
+  a.gathered_positions = v_i64(gpos, P * padded);
+  a.gathered_cslots = v_i64(gathered_cslots, P * padded);
+  a.rope_table = TensorView::contiguous(rope.data(), DType::F32, {rope_rows, 64});
+  a.caches = rs.caches.views;
+  a.latent = TensorView::contiguous(rs.latent.data(), DType::BF16, {padded, kLatentDim});
+  a.gathered_latent = TensorView::contiguous(rs.gathered_latent.data(), DType::BF16, {P * padded, kLatentDim});
+  a.mutation = cfg.mutation;
+  a.exec.num_threads = 1;
+  rs.result = pcp_layer_step(a, comm);
+  rs.volume = rs.result.volume;
+  rs.volume.positions_sent = static_cast<uint64_t>(padded) * 8;
+  rs.volume.positions_received = static_cast<uint64_t>(P * padded) * 8;
+  const Communicator::Counters after = comm.counters();
+  rs.measured_sent = after.bytes_sent - before.bytes_sent;
+  rs.measured_received = after.bytes_received - before.bytes_received;
+}
+
+StepReport Simulation::run_step(int64_t i) {
+  Impl& m = *impl_;
+  if (i != m.next_step || i < 0 || i >= num_steps())
+    invalid_argument(fmt::format("run_step: step {} (expected the next step {} of {})", i,
+                                 m.next_step, num_steps()));
+  m.sreqs = m.w.steps[static_cast<size_t>(i)];
+  std::vector<GlobalRequest> reqs;
+  for (const auto& s : m.sreqs) reqs.push_back(s.req);
+  PlanOptions opt;
+  opt.P = m.P;
+  opt.step = i;
+  opt.placement = m.cfg.placement;
+  opt.num_speculative_tokens = m.cfg.num_speculative_tokens;
+  m.plan = plan_pcp_step(reqs, opt);
+  if (m.w.config.graph_pad_multiple > 0) {
+    const int64_t mult = m.w.config.graph_pad_multiple;
+    opt.graph_padding = std::max<int64_t>((m.plan.largest_rank_tokens + mult - 1) / mult * mult, mult);
+    m.plan = plan_pcp_step(reqs, opt);
+  }
+  const int64_t G = static_cast<int64_t>(m.sreqs.size());
+  const int64_t GP = static_cast<int64_t>(m.P) * m.plan.padded;
+
+  // Gathered compressed slot mapping from the global batch, identical on every rank: PAD rows
+  // and masked replicas carry token slot -1 (PAD rule, SPEC 6.5 / 7.3).
+  {
+    std::vector<int32_t> cbt = m.step_ctable();
+    std::vector<int64_t> mask(static_cast<size_t>(GP));
+    for (int64_t r = 0; r < GP; ++r) mask[static_cast<size_t>(r)] = m.plan.gathered_kv_write[static_cast<size_t>(r)] ? 0 : -1;
+    m.gathered_cslots.assign(static_cast<size_t>(GP), -1);
+    CompressedSlotArgs a;
+    a.ratio = m.cfg.ratio;
+    a.token_to_req = TensorView::contiguous(m.plan.gathered_req.data(), DType::I32, {GP});
+    a.positions = TensorView::contiguous(m.plan.gathered_positions.data(), DType::I64, {GP});
+    a.block_table = TensorView::contiguous(cbt.data(), DType::I32, {G, m.max_pages});
+    a.token_slots = v_i64(mask, GP);
+    a.num_actual_tokens = GP;
+    a.states_per_page = m.S;
+    a.slots = v_i64(m.gathered_cslots, GP);
+    build_compressed_slots(a);
+  }
+
+  m.group->run([&m](Communicator& comm) { m.run_rank(comm); });
+  if (m.with_ref) m.run_reference();
+  for (const auto& s : m.sreqs) m.computed[static_cast<size_t>(s.id)] = s.req.num_computed + s.req.query_len;
+  m.next_step = i + 1;
+
+  StepReport rep;
+  rep.step = i;
+  rep.num_reqs = G;
+  rep.num_tokens = m.plan.num_global_tokens;
+  for (const auto& s : m.sreqs) rep.num_decodes += s.req.is_prefilling ? 0 : 1;
+  rep.padded = m.plan.padded;
+  rep.num_rows = m.cfg.ratio == 2 ? m.ranks[0].result.link.num_rows : 0;
+  rep.tokens_per_rank = m.plan.tokens_per_rank();
+  for (size_t k = 0; k < m.ranks.size(); ++k) {
+    const RankState& rs = m.ranks[k];
+    const RankBatch& rb = m.plan.ranks[k];
+    if (m.cfg.ratio == 2) {
+      const LinkResult& L = rs.result.link;
+      for (int64_t j = 0; j < L.R; ++j) {
+        const int32_t s0 = rb.qsl[static_cast<size_t>(j)];
+        if (s0 == rb.qsl[static_cast<size_t>(j + 1)] || rs.ring_slots[static_cast<size_t>(s0)] < 0 ||
+            rb.positions[static_cast<size_t>(s0)] % 2 == 0)
+          continue;
+        if (L.prev_row_indices[static_cast<size_t>(j)] >= 0) ++rep.prev_from_gathered;
+        else ++rep.prev_from_ring;
+      }
+      if (k == 0)
+        for (int64_t ws : L.ring_write_slots) rep.ring_writes += ws >= 0 ? 1 : 0;
+    }
+    for (int64_t t = 0; t < rb.num_tokens; ++t) {
+      const int64_t row = static_cast<int64_t>(k) * m.plan.padded + t;
+      const int32_t g = m.plan.gathered_req[static_cast<size_t>(row)];
+      if (m.w.requests[static_cast<size_t>(m.sreqs[static_cast<size_t>(g)].id)].null_block) ++rep.null_block_tokens;
+      if (!m.plan.gathered_kv_write[static_cast<size_t>(row)]) ++rep.masked_replica_rows;
+    }
+    rep.volume.push_back(rs.volume);
+    rep.measured_sent.push_back(rs.measured_sent);
+    rep.measured_received.push_back(rs.measured_received);
+  }
+  return rep;
+}
+
+namespace {
+
+template <class T>
+uint64_t bad_here(const std::vector<T>& got, const std::vector<T>& want) {
+  uint64_t n = 0;
+  for (size_t i = 0; i < got.size(); ++i) n += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
+  return n;
+}
+
+struct Checker {
+  int64_t step;
+  CheckStats st;
+  std::optional<Mismatch> first;
+  void note(int rank, std::string tensor, int64_t index, std::string detail) {
+    if (!first) first = Mismatch{step, rank, std::move(tensor), index, std::move(detail)};
+  }
+  // Byte comparison of two buffers; counts and records the first difference.
+  template <class T>
+  void compare(const std::vector<T>& got, const std::vector<T>& want, int rank, const std::string& tensor,
+               uint64_t& total, uint64_t& bad,
+               const std::function<std::string(int64_t)>& describe = nullptr) {
+    total += got.size();
+    if (got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0) return;
+    if (got.size() != want.size()) {
+      bad += std::max(got.size(), want.size());
+      note(rank, tensor, 0, fmt::format("size {} vs {}", got.size(), want.size()));
+      return;
+    }
+    int64_t first_i = -1;
+    for (size_t i = 0; i < got.size(); ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+        ++bad;
+        if (first_i < 0) first_i = static_cast<int64_t>(i);
+      }
+    note(rank, tensor, first_i,
+         fmt::format("{}{} of {} elements differ", describe ? describe(first_i) + "; " : "", bad_here(got, want), got.size()));
+  }
+};
+
+}  // namespace
+
+std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
+  const Impl& m = *impl_;
+  if (!m.with_ref) invalid_argument("check_step: the simulation was built without references");
+  if (m.next_step == 0) invalid_argument("check_step: no step has run");
+  Checker ck{m.next_step - 1, {}, {}};
+  const StepPlan& plan = m.plan;
+  const int P = m.P;
+  const int64_t padded = plan.padded;
+  const int r = m.cfg.ratio;
+
+  // 1. The link against an oracle derived from the plan alone (ratio 2).
+  if (r == 2) {
+    const int64_t rows = m.ranks[0].result.link.num_rows;
+    const int64_t GR = static_cast<int64_t>(P) * rows;
+    auto block_of = [&](int32_t g) { return g < 0 ? 0 : m.w.requests[static_cast<size_t>(m.sreqs[static_cast<size_t>(g)].id)].ring_block; };
+    std::vector<int64_t> want_w(static_cast<size_t>(GR), -1);
+    // newest position of each global request and the copy (largest gathered index) that holds it
+    for (size_t g = 0; g < m.sreqs.size(); ++g) {
+      const auto& q = m.sreqs[g].req;
+      const int32_t b = block_of(static_cast<int32_t>(g));
+      if (q.query_len == 0 || b <= 0) continue;
+      const int64_t newest = q.num_computed + q.query_len - 1;
+      if (newest % 2 != 0) continue;
+      int64_t best = -1;
+      for (int k = 0; k < P; ++k) {
+        const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
+        for (int64_t j = 0; j < std::min(rb.num_reqs(), rows); ++j) {
+          const LocalSegment& s = rb.segments[static_cast<size_t>(j)];
+          if (s.global_req == static_cast<int32_t>(g) && s.len > 0 &&
+              q.num_computed + s.chunk_offset + s.len - 1 == newest)
+            best = std::max(best, k * rows + j);
+        }
+      }
+      if (best < 0) {
+        ck.note(-1, "link.oracle", static_cast<int64_t>(g), "newest row of a request is on no rank");
+        continue;
+      }
+      want_w[static_cast<size_t>(best)] = b * m.cap + newest % m.cap;
+    }
+    for (int k = 0; k < P; ++k) {
+      const LinkResult& L = m.ranks[static_cast<size_t>(k)].result.link;
+      ck.st.link_entries += want_w.size();
+      for (size_t e = 0; e < want_w.size(); ++e)
+        if (e >= L.ring_write_slots.size() || L.ring_write_slots[e] != want_w[e]) {
+          ++ck.st.link_mismatched;
+          ck.note(k, "link.ring_write_slots", static_cast<int64_t>(e),
+                  fmt::format("got {} expected {}", e < L.ring_write_slots.size() ? L.ring_write_slots[e] : -2, want_w[e]));
+        }
+      const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
+      for (int64_t j = 0; j < L.R; ++j) {
+        const LocalSegment& s = rb.segments[static_cast<size_t>(j)];
+        int64_t want = -1;
+        if (s.global_req >= 0 && s.len > 0 && block_of(s.global_req) > 0) {
+          const int64_t fp = m.sreqs[static_cast<size_t>(s.global_req)].req.num_computed + s.chunk_offset;
+          if (fp % 2 == 1) {
+            for (int k2 = P - 1; k2 >= 0; --k2) {
+              const RankBatch& rb2 = plan.ranks[static_cast<size_t>(k2)];
+              for (int64_t j2 = std::min(rb2.num_reqs(), rows) - 1; j2 >= 0; --j2) {
+                const LocalSegment& s2 = rb2.segments[static_cast<size_t>(j2)];
+                if (s2.global_req == s.global_req && s2.len > 0 &&
+                    m.sreqs[static_cast<size_t>(s2.global_req)].req.num_computed + s2.chunk_offset + s2.len - 1 == fp - 1)
+                  want = k2 * rows + j2;  // ends at the smallest gathered index
+              }
+            }
+          }
+        }
+        ++ck.st.link_entries;
+        const int64_t got = L.prev_row_indices[static_cast<size_t>(j)];
+        if (got != want) {
+          ++ck.st.link_mismatched;
+          ck.note(k, "link.prev_row_indices", j, fmt::format("got {} expected {}", got, want));
+        }
+      }
+    }
+  }
+
+  // 2. Latents of closing tokens vs the single-rank run.
+  for (int k = 0; k < P; ++k) {
+    const RankState& rs = m.ranks[static_cast<size_t>(k)];
+    const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
+    for (int64_t i = 0; i < rb.num_tokens; ++i) {
+      const int64_t row = k * padded + i;
+      const int64_t p = rb.positions[static_cast<size_t>(i)];
+      if ((p + 1) % r != 0) continue;
+      const bool valid = r == 2 ? rs.ring_slots[static_cast<size_t>(i)] >= 0 : m.gathered_cslots[static_cast<size_t>(row)] >= 0;
+      if (!valid) continue;
+      const int64_t src = plan.gathered_source[static_cast<size_t>(row)];
+      ck.st.latent_elements += kLatentDim;
+      const uint16_t* got = rs.latent.data() + i * kLatentDim;
+      const uint16_t* want = m.ref.latent_tail.data() + src * kLatentDim;
+      if (std::memcmp(got, want, kLatentDim * 2) == 0) continue;
+      int64_t d0 = -1;
+      for (int d = 0; d < kLatentDim; ++d)
+        if (got[d] != want[d]) {
+          ++ck.st.latent_mismatched;
+          if (d0 < 0) d0 = d;
+        }
+      ck.note(k, "latent", i * kLatentDim + d0,
+              fmt::format("local token {} (request {}, position {}) dim {}: 0x{:04x} vs single-rank 0x{:04x}",
+                          i, m.sreqs[static_cast<size_t>(plan.gathered_req[static_cast<size_t>(row)])].id, p, d0,
+                          got[d0], want[d0]));
+    }
+  }
+  if (r == 2) {
+    const int64_t N = static_cast<int64_t>(m.ref.positions.size());
+    for (int64_t t = 0; t < N; ++t) {
+      if ((m.ref.positions[static_cast<size_t>(t)] + 1) % 2 != 0 || m.ref.ring_slots[static_cast<size_t>(t)] < 0) continue;
+      ck.st.latent_elements += kLatentDim;
+      if (std::memcmp(m.ref.latent_open.data() + t * kLatentDim, m.ref.latent_tail.data() + t * kLatentDim, kLatentDim * 2) != 0) {
+        ck.st.latent_mismatched += kLatentDim;
+        ck.note(-1, "open_row_ref.latent", t * kLatentDim, "open-row reference differs from the tail reference");
+      }
+    }
+  }
+
+  // 3. Every byte of every compressed-cache backing, every format, every rank.
+  for (int k = 0; k < P; ++k)
+    for (size_t f = 0; f < m.cfg.formats.size(); ++f) {
+      const CacheView& v = m.ref.caches.views[f];
+      const int64_t page_bytes = v.page_stride * static_cast<int64_t>(dtype_size(record_info(v.format).element));
+      auto where = [page_bytes](int64_t i) { return fmt::format("page {} byte {}", i / page_bytes, i % page_bytes); };
+      ck.compare(m.ranks[static_cast<size_t>(k)].caches.backing[f], m.ref.caches.backing[f], k,
+                 fmt::format("cache[{}]", record_info(m.cfg.formats[f]).name), ck.st.cache_bytes,
+                 ck.st.cache_mismatched, where);
+    }
+
+  // 4. Rings: equal across ranks, equal to the open-row reference, newest open rows equal to
+  //    the tail-policy ring (and to the request's kv_score row).
+  if (r == 2) {
+    const int64_t cap = m.cap;
+    auto where = [cap](int64_t i) {
+      const int64_t row = i / kRingRowFloats;
+      return fmt::format("ring block {} row {} float {}", row / cap, row % cap, i % kRingRowFloats);
+    };
+    for (int k = 1; k < P; ++k)
+      ck.compare(m.ranks[static_cast<size_t>(k)].ring, m.ranks[0].ring, k, "ring(vs rank 0)",
+                 ck.st.ring_floats, ck.st.ring_mismatched, where);
+    ck.compare(m.ranks[0].ring, m.ref.ring_open, 0, "ring(vs open-row reference)", ck.st.ring_floats,
+               ck.st.ring_mismatched, where);
+    std::vector<float> row(kRingRowFloats);
+    for (size_t id = 0; id < m.w.requests.size(); ++id) {
+      const auto& rq = m.w.requests[id];
+      const int64_t c = m.computed[id];
+      if (rq.ring_block <= 0 || c == 0 || (c - 1) % 2 != 0) continue;
+      const int64_t p = c - 1;
+      const size_t off = static_cast<size_t>((rq.ring_block * m.cap + p % m.cap) * kRingRowFloats);
+      fill_kv_row(row.data(), m.w.config.seed, static_cast<int64_t>(id), p, kRingRowFloats);
+      ck.st.ring_floats += 2 * kRingRowFloats;
+      const bool vs_tail = std::memcmp(m.ranks[0].ring.data() + off, m.ref.ring_tail.data() + off, sizeof(float) * kRingRowFloats) == 0;
+      const bool vs_row = std::memcmp(m.ranks[0].ring.data() + off, row.data(), sizeof(float) * kRingRowFloats) == 0;
+      if (!vs_tail || !vs_row) {
+        ck.st.ring_mismatched += kRingRowFloats;
+        ck.note(0, "ring(newest open row)", static_cast<int64_t>(off),
+                fmt::format("request {} position {} (ring block {} row {}): {}", id, p, rq.ring_block,
+                            p % m.cap, !vs_tail ? "differs from the tail-policy ring" : "differs from its kv_score row"));
+      }
+    }
+  }
+  if (stats) *stats += ck.st;
+  return ck.first;
+}
+
+RunResult run_simulation(const SimConfig& cfg, const Workload& w, int P, bool verify, bool keep_going) {
+  RunResult res;
+  res.P = P;
+  Simulation sim(cfg, w, P, verify);
+  for (int64_t i = 0; i < sim.num_steps(); ++i) {
+    res.steps.push_back(sim.run_step(i));
+    if (!verify) continue;
+    auto mm = sim.check_step(&res.stats);
+    if (mm && !res.first_mismatch) res.first_mismatch = mm;
+    if (res.first_mismatch && !keep_going) break;
+  }
+  return res;
+}
+
+}  // namespace dsv41kv::pcp
