@@ -9,5 +9,6 @@ namespace dsv41kv::cli {
 void add_info(CLI::App& app, int& exit_code);
 void add_demo(CLI::App& app, int& exit_code);
 void add_conform(CLI::App& app, int& exit_code);
+void add_run(CLI::App& app, int& exit_code);
 
 }  // namespace dsv41kv::cli

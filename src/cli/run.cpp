@@ -1,0 +1,276 @@
+// `dsv41kv run`: the multi-step PCP serving simulation (SPEC 7, 10.6). Replays one seeded
+// workload with every requested P, prints the per-step communication volume beside the
+// replaced all-gather design and, with --verify, checks SPEC 7.8 at every step against the
+// single-rank runs. Exit codes: 0 identical (or no --verify), 1 a difference (the first one is
+// printed), 2 bad flags or arguments.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/commands.hpp"
+#include "dsv41kv/common.hpp"
+#include "dsv41kv/pcp_sim.hpp"
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::cli {
+namespace {
+
+struct RunOptions {
+  std::string pcp = "2";
+  int64_t steps = 0;
+  int64_t requests = 10;
+  std::string prompt_len = "9:160";
+  std::string start = "0:9";
+  int64_t decode_steps = 3;
+  int64_t chunk_budget = 96;
+  int64_t max_num_seqs = 4;
+  std::string placement = "replicated";
+  uint64_t seed = 1;
+  std::string format = "all";
+  int ratio = 2;
+  double null_fraction = 0.125;
+  int64_t graph_pad = 0;
+  int64_t states_per_page = 0;
+  int64_t num_spec = 0;
+  bool json = false;
+  bool verify = false;
+  std::string mutation = "none";  // hidden, test-only
+};
+
+int64_t parse_int(const std::string& s, const char* flag) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != s.size())
+    invalid_argument(fmt::format("{} '{}': not an integer", flag, s));
+  return v;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep)) out.push_back(item);
+  if (!s.empty() && s.back() == sep) out.push_back("");
+  return out;
+}
+
+std::pair<int64_t, int64_t> parse_range(const std::string& s, const char* flag) {
+  const auto parts = split(s, ':');
+  if (parts.size() != 2) invalid_argument(fmt::format("{} '{}' (expected MIN:MAX)", flag, s));
+  const int64_t lo = parse_int(parts[0], flag), hi = parse_int(parts[1], flag);
+  if (lo > hi) invalid_argument(fmt::format("{} '{}': MIN > MAX", flag, s));
+  return {lo, hi};
+}
+
+std::vector<int> parse_pcp(const std::string& s) {
+  std::vector<int> ps;
+  for (const auto& part : split(s, ',')) {
+    const int64_t p = parse_int(part, "--pcp");
+    if (p < 1 || p > 64) invalid_argument(fmt::format("--pcp {} (expected 1..64)", p));
+    ps.push_back(static_cast<int>(p));
+  }
+  if (ps.empty()) invalid_argument("--pcp: empty (expected P[,P...])");
+  return ps;
+}
+
+std::vector<RecordFormat> parse_formats(const std::string& s) {
+  if (s == "all")
+    return {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288,
+            RecordFormat::PLAIN_BF16, RecordFormat::PLAIN_FP8};
+  std::vector<RecordFormat> fs;
+  for (const auto& part : split(s, ',')) fs.push_back(parse_record_format(part.c_str()));
+  return fs;
+}
+
+std::string human_bytes(uint64_t b) {
+  if (b >= 10ull * 1024 * 1024) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1024.0 * 1024.0));
+  if (b >= 10ull * 1024) return fmt::format("{:.1f} KiB", static_cast<double>(b) / 1024.0);
+  return fmt::format("{} B", b);
+}
+
+nlohmann::json volume_json(const pcp::CommVolume& v) {
+  return {{"keys_sent", v.keys_sent},           {"keys_received", v.keys_received},
+          {"positions_sent", v.positions_sent}, {"positions_received", v.positions_received},
+          {"rows_sent", v.rows_sent},           {"rows_received", v.rows_received},
+          {"latents_sent", v.latents_sent},     {"latents_received", v.latents_received},
+          {"sent", v.sent()},                   {"received", v.received()},
+          {"replaced_allgather_received", v.replaced_received}};
+}
+
+int run_command(const RunOptions& o) {
+  pcp::WorkloadConfig wc;
+  wc.seed = o.seed;
+  wc.num_requests = o.requests;
+  std::tie(wc.prompt_min, wc.prompt_max) = parse_range(o.prompt_len, "--prompt-len");
+  std::tie(wc.start_min, wc.start_max) = parse_range(o.start, "--start");
+  wc.decode_steps = o.decode_steps;
+  wc.chunk_budget = o.chunk_budget;
+  wc.max_num_seqs = o.max_num_seqs;
+  wc.null_block_fraction = o.null_fraction;
+  wc.graph_pad_multiple = o.graph_pad;
+  wc.max_steps = o.steps;
+  pcp::SimConfig sc;
+  sc.ratio = o.ratio;
+  sc.formats = parse_formats(o.format);
+  sc.states_per_page = o.states_per_page;
+  sc.placement = pcp::parse_placement(o.placement);
+  sc.num_speculative_tokens = o.num_spec;
+  if (o.mutation == "drop-gathered-predecessors") sc.mutation = pcp::Mutation::kDropGatheredPredecessors;
+  else if (o.mutation == "reverse-tie-break") sc.mutation = pcp::Mutation::kReverseTieBreak;
+  else if (o.mutation == "skip-save-ring-rows") sc.mutation = pcp::Mutation::kSkipSaveRingRows;
+  const std::vector<int> ps = parse_pcp(o.pcp);
+  for (int P : ps)
+    if (P > 1 && o.num_spec > 0)
+      fail(ErrorCode::kPcpWithSpec,
+           fmt::format("--pcp {} with --num-speculative-tokens {}: PCP cannot be combined with "
+                       "speculative decoding: under PCP the ring keeps only the open row",
+                       P, o.num_spec));
+  const pcp::Workload w = pcp::generate_workload(wc);
+
+  int64_t total_tokens = 0;
+  for (const auto& st : w.steps)
+    for (const auto& r : st) total_tokens += r.req.query_len;
+  std::string fmt_names;
+  for (RecordFormat f : sc.formats) fmt_names += fmt::format("{}{}", fmt_names.empty() ? "" : ",", record_info(f).name);
+
+  nlohmann::json out;
+  out["workload"] = {{"seed", wc.seed},           {"requests", wc.num_requests},
+                     {"prompt_len", {wc.prompt_min, wc.prompt_max}},
+                     {"start", {wc.start_min, wc.start_max}},
+                     {"decode_steps", wc.decode_steps}, {"chunk_budget", wc.chunk_budget},
+                     {"max_num_seqs", wc.max_num_seqs}, {"steps", w.steps.size()},
+                     {"tokens", total_tokens},       {"ratio", sc.ratio},
+                     {"formats", fmt_names},         {"decode_placement", o.placement},
+                     {"verify", o.verify}};
+  out["runs"] = nlohmann::json::array();
+  if (!o.json)
+    fmt::print("workload: seed {}, {} requests, prompt {}..{}, start {}..{}, {} decode steps, budget {}, "
+               "max_num_seqs {}, {} steps, {} tokens; ratio {}, formats {}, decode placement {}\n",
+               wc.seed, wc.num_requests, wc.prompt_min, wc.prompt_max, wc.start_min, wc.start_max,
+               wc.decode_steps, wc.chunk_budget, wc.max_num_seqs, w.steps.size(), total_tokens,
+               sc.ratio, fmt_names, o.placement);
+
+  bool any_mismatch = false;
+  for (int P : ps) {
+    const pcp::RunResult res = pcp::run_simulation(sc, w, P, o.verify);
+    nlohmann::json run = {{"P", P}, {"steps", nlohmann::json::array()}};
+    if (!o.json) {
+      fmt::print("\nP = {}  (bytes per rank per step; every rank moves the same volume: all-gathers)\n", P);
+      fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}\n",
+                 "step", "reqs", "tokens", "padded", "rows", "keys", "positions", "last rows",
+                 "latents", "sent", "received", "kv all-gath", "ratio");
+    }
+    pcp::CommVolume sum;
+    for (const auto& s : res.steps) {
+      const pcp::CommVolume& v = s.volume[0];
+      sum += v;
+      const double ratio = v.replaced_received
+                               ? static_cast<double>(v.keys_received + v.rows_received) /
+                                     static_cast<double>(v.replaced_received)
+                               : 0.0;
+      nlohmann::json js = {{"step", s.step},       {"reqs", s.num_reqs},     {"tokens", s.num_tokens},
+                           {"decodes", s.num_decodes}, {"padded", s.padded}, {"num_rows", s.num_rows},
+                           {"tokens_per_rank", s.tokens_per_rank},
+                           {"link_vs_allgather_ratio", ratio}, {"ranks", nlohmann::json::array()}};
+      for (size_t k = 0; k < s.volume.size(); ++k) {
+        nlohmann::json rk = volume_json(s.volume[k]);
+        rk["rank"] = k;
+        rk["measured_sent"] = s.measured_sent[k];
+        rk["measured_received"] = s.measured_received[k];
+        js["ranks"].push_back(rk);
+      }
+      run["steps"].push_back(js);
+      if (!o.json)
+        fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}\n",
+                   s.step, s.num_reqs, s.num_tokens, s.padded, s.num_rows, human_bytes(v.keys_received),
+                   human_bytes(v.positions_received), human_bytes(v.rows_received),
+                   human_bytes(v.latents_received), human_bytes(v.sent()), human_bytes(v.received()),
+                   v.replaced_received ? human_bytes(v.replaced_received) : "-",
+                   v.replaced_received ? fmt::format("{:.3f}", ratio) : "-");
+    }
+    const double total_ratio = sum.replaced_received
+                                   ? static_cast<double>(sum.keys_received + sum.rows_received) /
+                                         static_cast<double>(sum.replaced_received)
+                                   : 0.0;
+    run["total_per_rank"] = volume_json(sum);
+    run["link_vs_allgather_ratio"] = total_ratio;
+    if (!o.json) {
+      fmt::print("total per rank: sent {}, received {} (keys {}, positions {}, last rows {}, latents {})\n",
+                 human_bytes(sum.sent()), human_bytes(sum.received()), human_bytes(sum.keys_received),
+                 human_bytes(sum.positions_received), human_bytes(sum.rows_received),
+                 human_bytes(sum.latents_received));
+      if (sum.replaced_received)
+        fmt::print("ratio-2 linking: keys + last rows {} vs all-gather of every kv_score row {}: ratio {:.4f} "
+                   "(per ratio-2 layer)\n",
+                   human_bytes(sum.keys_received + sum.rows_received), human_bytes(sum.replaced_received),
+                   total_ratio);
+    }
+    if (o.verify) {
+      const auto& st = res.stats;
+      run["verify"] = {{"identical", !res.first_mismatch.has_value()},
+                       {"steps_checked", res.steps.size()},
+                       {"latent_elements", st.latent_elements},
+                       {"cache_bytes", st.cache_bytes},
+                       {"ring_floats", st.ring_floats},
+                       {"link_entries", st.link_entries}};
+      if (res.first_mismatch) {
+        any_mismatch = true;
+        const auto& mm = *res.first_mismatch;
+        run["verify"]["first_difference"] = {{"step", mm.step}, {"rank", mm.rank}, {"tensor", mm.tensor},
+                                             {"index", mm.index}, {"detail", mm.detail}};
+        if (!o.json) fmt::print("verify P={}: DIFFERENCE at {}\n", P, mm.to_string());
+      } else if (!o.json) {
+        fmt::print("verify P={}: identical to P=1 at all {} steps (latents {} elements, compressed caches "
+                   "{} bytes, rings {} floats, link {} entries compared)\n",
+                   P, res.steps.size(), st.latent_elements, st.cache_bytes, st.ring_floats, st.link_entries);
+      }
+    }
+    out["runs"].push_back(run);
+  }
+  if (o.json) fmt::print("{}\n", out.dump(2));
+  return any_mismatch ? 1 : 0;
+}
+
+}  // namespace
+
+void add_run(CLI::App& app, int& exit_code) {
+  auto* cmd = app.add_subcommand(
+      "run", "multi-step PCP serving simulation: per-step communication volume; --verify checks SPEC 7.8 "
+             "against the single-rank run (exit 1 on a difference)");
+  static RunOptions o;
+  cmd->add_option("--pcp", o.pcp, "PCP sizes P[,P...] (1..64)")->capture_default_str();
+  cmd->add_option("--steps", o.steps, "stop after this many steps (0: until every request finished)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--requests", o.requests, "number of requests")->check(CLI::Range(1, 100000))->capture_default_str();
+  cmd->add_option("--prompt-len", o.prompt_len, "prompt tokens to prefill, MIN:MAX")->capture_default_str();
+  cmd->add_option("--start", o.start, "num_computed at admission (continued prefill), MIN:MAX")->capture_default_str();
+  cmd->add_option("--decode-steps", o.decode_steps, "decode steps per request")->check(CLI::Range(0, 1 << 20))->capture_default_str();
+  cmd->add_option("--chunk-budget", o.chunk_budget, "token budget per step (chunked prefill)")->check(CLI::Range(int64_t{1}, int64_t{1} << 30))->capture_default_str();
+  cmd->add_option("--max-num-seqs", o.max_num_seqs, "running requests at once")->check(CLI::Range(1, 65536))->capture_default_str();
+  cmd->add_option("--decode-placement", o.placement, "replicated | owner (SPEC 7.9)")
+      ->check(CLI::IsMember({"replicated", "owner"}))->capture_default_str();
+  cmd->add_option("--seed", o.seed, "workload seed")->capture_default_str();
+  cmd->add_option("--format", o.format, "compressed-cache formats: all or a list of v4_584,mxfp8_528,nvfp4_288,bf16,fp8")->capture_default_str();
+  cmd->add_option("--ratio", o.ratio, "compress ratio of the kv-source layer (1 or 2)")->check(CLI::IsMember({1, 2}))->capture_default_str();
+  cmd->add_option("--null-fraction", o.null_fraction, "share of null-block requests")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--graph-pad", o.graph_pad, "round padded up to a multiple of this (0: none)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--states-per-page", o.states_per_page, "compressed states per page (0: 64 / ratio)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--num-speculative-tokens", o.num_spec, "speculative tokens (rejected with P > 1, E6)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_flag("--json", o.json, "machine-readable output");
+  // Test-only: break the PCP step on purpose to show that --verify catches it (hidden).
+  cmd->add_option("--mutation", o.mutation, "")
+      ->check(CLI::IsMember({"none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows"}))
+      ->group("");
+  cmd->add_flag("--verify", o.verify, "compare every step with P = 1 (SPEC 7.8); exit 1 on a difference");
+  cmd->callback([&exit_code] { exit_code = run_command(o); });
+}
+
+}  // namespace dsv41kv::cli

@@ -1,0 +1,107 @@
+// `dsv41kv run`: exit codes 0/1/2, the default --verify run, JSON output, E6, and the hidden
+// mutation switch that makes --verify exit 1 with the first difference.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "support/paths.hpp"
+
+namespace {
+
+struct CliRun {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& p) {
+  std::ifstream f(p);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+CliRun run(const std::string& args) {
+  const std::string base = "/tmp/dsv41kv_test_run_" + std::to_string(::getpid());
+  const std::string out = base + ".out", err = base + ".err";
+  const std::string cmd = "'" + dsv41kv::test::cli_path() + "' run " + args + " > '" + out + "' 2> '" + err + "'";
+  const int st = std::system(cmd.c_str());
+  CliRun r;
+  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  std::remove(out.c_str());
+  std::remove(err.c_str());
+  return r;
+}
+
+}  // namespace
+
+TEST(CliRun, DefaultVerifyIsIdenticalAndPrintsCommunication) {
+  const CliRun r = run("--pcp 2,4,8 --verify");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (int P : {2, 4, 8}) {
+    EXPECT_NE(r.out.find("P = " + std::to_string(P)), std::string::npos);
+    EXPECT_NE(r.out.find("verify P=" + std::to_string(P) + ": identical"), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("kv all-gath"), std::string::npos);
+  EXPECT_NE(r.out.find("ratio-2 linking"), std::string::npos);
+}
+
+TEST(CliRun, JsonCarriesPerRankBytesThatMatchTheCommunicator) {
+  const CliRun r = run("--pcp 3 --verify --json --requests 5 --prompt-len 3:40 --decode-placement owner");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["runs"].size(), 1u);
+  const auto& run0 = j["runs"][0];
+  EXPECT_EQ(run0["P"], 3);
+  EXPECT_TRUE(run0["verify"]["identical"].get<bool>());
+  ASSERT_GT(run0["steps"].size(), 0u);
+  for (const auto& s : run0["steps"]) {
+    ASSERT_EQ(s["ranks"].size(), 3u);
+    for (const auto& rk : s["ranks"]) {
+      EXPECT_EQ(rk["received"], rk["measured_received"]);
+      EXPECT_EQ(rk["sent"], rk["measured_sent"]);
+      EXPECT_EQ(rk["replaced_allgather_received"].get<uint64_t>(), 3u * s["padded"].get<uint64_t>() * 4096u);
+    }
+  }
+}
+
+TEST(CliRun, RatioOneAndFormatsAndStepLimit) {
+  const CliRun r = run("--pcp 2,3 --verify --ratio 1 --format v4_584,bf16 --steps 3 --seed 9");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("identical to P=1 at all 3 steps"), std::string::npos) << r.out;
+}
+
+TEST(CliRun, AMutationMakesVerifyExit1WithTheFirstDifference) {
+  const CliRun r = run("--pcp 2 --verify --mutation drop-gathered-predecessors");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("DIFFERENCE at step"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("tensor latent index"), std::string::npos) << r.out;
+  const CliRun s = run("--pcp 4 --verify --mutation skip-save-ring-rows");
+  EXPECT_EQ(s.code, 1);
+  EXPECT_NE(s.out.find("tensor ring"), std::string::npos) << s.out;
+}
+
+TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
+  EXPECT_EQ(run("--pcp 0").code, 2);
+  EXPECT_EQ(run("--pcp 2,x").code, 2);
+  EXPECT_EQ(run("--prompt-len 9").code, 2);
+  EXPECT_EQ(run("--prompt-len 9:3").code, 2);
+  EXPECT_EQ(run("--decode-placement everywhere").code, 2);
+  EXPECT_EQ(run("--ratio 4").code, 2);
+  EXPECT_EQ(run("--format v9").code, 2);
+  EXPECT_EQ(run("--no-such-flag").code, 2);
+  const CliRun e6 = run("--pcp 2 --num-speculative-tokens 1");
+  EXPECT_EQ(e6.code, 2);
+  EXPECT_NE(e6.err.find("E6:"), std::string::npos) << e6.err;
+  EXPECT_NE(e6.err.find("speculative decoding"), std::string::npos) << e6.err;
+  // P = 1 with speculative tokens is no PCP: allowed.
+  EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2").code, 0);
+}
