@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "compressor/compress_math.hpp"
+#include "core/cuda_util.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 
@@ -106,22 +107,6 @@ __device__ __forceinline__ uint32_t e4m3x2_finite(float a, float b) {
   f.y = b;
   return static_cast<uint32_t>(__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3));
 #endif
-}
-
-// ---------------------------------------------------------------- integer helpers
-
-// q = a / b, r = a % b for a >= 0, b > 0, with a 32-bit division when both fit (the common
-// case; a 64-bit division is a long emulated sequence on the GPU).
-__device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
-  if (((static_cast<uint64_t>(a) | static_cast<uint64_t>(b)) >> 32) == 0) {
-    const uint32_t a32 = static_cast<uint32_t>(a), b32 = static_cast<uint32_t>(b);
-    const uint32_t q32 = a32 / b32;
-    q = q32;
-    r = a32 - q32 * b32;
-  } else {
-    q = a / b;
-    r = a - q * b;
-  }
 }
 
 // ---------------------------------------------------------------- vector memory helpers

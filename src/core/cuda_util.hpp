@@ -28,6 +28,22 @@ inline bool is_aligned(const void* p, uintptr_t align) {
 // and store rows with 16-byte vectors).
 void require_aligned16(const void* p, const char* op, const char* arg);
 
+#if defined(__CUDACC__)
+// q = a / b, r = a % b for a >= 0, b > 0, with a 32-bit division when both fit (the common
+// case; a 64-bit division is a long emulated sequence on the GPU).
+__device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t& r) {
+  if (((static_cast<uint64_t>(a) | static_cast<uint64_t>(b)) >> 32) == 0) {
+    const uint32_t a32 = static_cast<uint32_t>(a), b32 = static_cast<uint32_t>(b);
+    const uint32_t q32 = a32 / b32;
+    q = q32;
+    r = a32 - q32 * b32;
+  } else {
+    q = a / b;
+    r = a - q * b;
+  }
+}
+#endif
+
 }  // namespace dsv41kv::detail
 
 #define DSV41KV_CUDA_CHECK(expr)                                                   \

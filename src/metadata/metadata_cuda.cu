@@ -1,0 +1,162 @@
+// CUDA builders of the per-step metadata (SPEC 6.1, 6.3-6.5), behind the public API of
+// metadata.hpp (validated and dispatched by metadata.cpp). One thread per token row t < N, so
+// the launch geometry depends only on N; every index read from device memory is bounded before
+// it is dereferenced and an out-of-range value yields -1 (token_to_req: 0) instead of an error,
+// because the host cannot read device values without a synchronisation (backend.hpp). For
+// valid inputs every output is bit-identical to the CPU builders.
+#include "core/cuda_util.hpp"
+#include "metadata/backend.hpp"
+
+namespace dsv41kv::detail::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+// ---------------------------------------------------------------- token_to_req (6.1)
+
+// out[t] = the largest j < num_reqs with qsl[j] <= t (the request whose chunk holds t when qsl
+// is valid) for t < num_actual, 0 otherwise. num_actual < 0: qsl[num_reqs].
+__global__ void token_to_req_kernel(const int32_t* __restrict__ qsl, int64_t num_reqs,
+                                    int64_t num_actual, int32_t* __restrict__ out, int64_t N) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= N) return;
+  int64_t na = num_actual >= 0 ? num_actual : static_cast<int64_t>(qsl[num_reqs]);
+  if (na > N) na = N;
+  int32_t v = 0;
+  if (t < na && num_reqs > 0) {
+    // upper_bound over qsl[0..num_reqs): first j with qsl[j] > t, minus one
+    int64_t lo = 0, hi = num_reqs;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (static_cast<int64_t>(qsl[mid]) <= t) lo = mid + 1;
+      else hi = mid;
+    }
+    v = lo > 0 ? static_cast<int32_t>(lo - 1) : 0;
+  }
+  out[t] = v;
+}
+
+// ---------------------------------------------------------------- slot builders
+
+struct TableRef {
+  const int32_t* data;
+  int64_t rows, cols, stride0, stride1;
+  __device__ int32_t at(int64_t r, int64_t c) const { return data[r * stride0 + c * stride1]; }
+};
+
+TableRef table_ref(const TensorView& v) {
+  return {v.ptr<const int32_t>(), v.shape[0], v.shape[1], v.stride[0],
+          v.shape[1] > 1 ? v.stride[1] : 1};
+}
+
+__global__ void ring_slots_kernel(const int32_t* __restrict__ t2r, const int64_t* __restrict__ pos,
+                                  TableRef bt, int64_t num_actual, int64_t cap,
+                                  int64_t num_blocks, int64_t* __restrict__ out, int64_t N) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= N) return;
+  int64_t v = -1;
+  if (t < num_actual) {
+    const int64_t j = t2r[t];
+    const int64_t p = pos[t];
+    if (j >= 0 && j < bt.rows && p >= 0) {
+      const int64_t b = bt.at(j, 0);
+      if (b > 0 && (num_blocks < 0 || b < num_blocks)) {
+        int64_t q, r;
+        divmod(p, cap, q, r);
+        v = b * cap + r;
+      }
+    }
+  }
+  out[t] = v;
+}
+
+__global__ void token_slots_kernel(const int32_t* __restrict__ t2r, const int64_t* __restrict__ pos,
+                                   TableRef bt, int64_t num_actual, int64_t page,
+                                   int64_t num_pages, int64_t* __restrict__ out, int64_t N) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= N) return;
+  int64_t v = -1;
+  if (t < num_actual) {
+    const int64_t j = t2r[t];
+    const int64_t p = pos[t];
+    if (j >= 0 && j < bt.rows && p >= 0) {
+      int64_t lp, off;
+      divmod(p, page, lp, off);
+      if (lp < bt.cols) {
+        const int64_t pg = bt.at(j, lp);
+        if (pg > 0 && (num_pages < 0 || pg < num_pages)) v = pg * page + off;
+      }
+    }
+  }
+  out[t] = v;
+}
+
+// out may alias token_slots: each thread reads token_slots[t] before writing out[t].
+__global__ void compressed_slots_kernel(const int32_t* __restrict__ t2r,
+                                        const int64_t* __restrict__ pos, TableRef bt,
+                                        const int64_t* tslot, int64_t num_actual, int ratio,
+                                        int64_t S, int64_t num_pages, int64_t* out, int64_t N) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  if (t >= N) return;
+  int64_t v = -1;
+  if (t < num_actual) {
+    const int64_t j = t2r[t];
+    const int64_t p = pos[t];
+    const bool valid = p >= 0 && (p + 1) % ratio == 0 && (tslot == nullptr || tslot[t] >= 0);
+    if (valid && j >= 0 && j < bt.rows) {
+      const int64_t s = p / ratio;
+      int64_t lp, off;
+      divmod(s, S, lp, off);
+      if (lp < bt.cols) {
+        const int64_t pg = bt.at(j, lp);
+        if (pg > 0 && (num_pages < 0 || pg < num_pages)) v = pg * S + off;
+      }
+    }
+  }
+  out[t] = v;
+}
+
+}  // namespace
+
+void build_token_to_req(const TokenToReqArgs& a, const ExecContext& ctx) {
+  const int64_t N = a.token_to_req.shape[0];
+  if (N == 0) return;
+  token_to_req_kernel<<<grid_for(N), kThreads, 0, as_stream(ctx.stream)>>>(
+      a.qsl.ptr<const int32_t>(), a.qsl.shape[0] - 1, a.num_actual_tokens,
+      a.token_to_req.ptr<int32_t>(), N);
+  DSV41KV_CUDA_CHECK_LAUNCH("token_to_req_kernel");
+}
+
+void build_ring_slots(const RingSlotArgs& a, const ExecContext& ctx) {
+  const int64_t N = a.ring_slots.shape[0];
+  if (N == 0) return;
+  ring_slots_kernel<<<grid_for(N), kThreads, 0, as_stream(ctx.stream)>>>(
+      a.token_to_req.ptr<const int32_t>(), a.positions.ptr<const int64_t>(),
+      table_ref(a.ring_block_table), a.num_actual_tokens, a.cap, a.num_ring_blocks,
+      a.ring_slots.ptr<int64_t>(), N);
+  DSV41KV_CUDA_CHECK_LAUNCH("ring_slots_kernel");
+}
+
+void build_token_slots(const TokenSlotArgs& a, const ExecContext& ctx) {
+  const int64_t N = a.slots.shape[0];
+  if (N == 0) return;
+  token_slots_kernel<<<grid_for(N), kThreads, 0, as_stream(ctx.stream)>>>(
+      a.token_to_req.ptr<const int32_t>(), a.positions.ptr<const int64_t>(),
+      table_ref(a.block_table), a.num_actual_tokens, a.page, a.num_pages, a.slots.ptr<int64_t>(),
+      N);
+  DSV41KV_CUDA_CHECK_LAUNCH("token_slots_kernel");
+}
+
+void build_compressed_slots(const CompressedSlotArgs& a, const ExecContext& ctx) {
+  const int64_t N = a.slots.shape[0];
+  if (N == 0) return;
+  compressed_slots_kernel<<<grid_for(N), kThreads, 0, as_stream(ctx.stream)>>>(
+      a.token_to_req.ptr<const int32_t>(), a.positions.ptr<const int64_t>(),
+      table_ref(a.block_table), a.token_slots.present() ? a.token_slots.ptr<const int64_t>() : nullptr,
+      a.num_actual_tokens, a.ratio, a.states_per_page, a.num_pages, a.slots.ptr<int64_t>(), N);
+  DSV41KV_CUDA_CHECK_LAUNCH("compressed_slots_kernel");
+}
+
+}  // namespace dsv41kv::detail::cuda
