@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "dsv41kv/conformance.hpp"
+#include "dsv41kv/device.hpp"
 #include "dsv41kv/safetensors.hpp"
 #include "support/paths.hpp"
 
@@ -298,4 +299,23 @@ TEST(ConformLibrary, DecodeWithStep) {
   v = conformance::decode_with_step(RecordFormat::NVFP4_288, p4.data(), 1, 0, 1, 1.0f);
   EXPECT_EQ(v.value, 6.0);
   EXPECT_EQ(v.step, 2.0);
+}
+
+// --device cuda (skipped without a GPU): the same report as the CPU and byte-identical dumps.
+TEST(ConformCli, CudaMatchesCpu) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device: " << cuda_device_description();
+  TempDir tmp;
+  const std::string files = "'" + shipped(kR1) + "' '" + shipped(kR2) + "'";
+  const CliRun cpu = run_cli("--device cpu --dump '" + (tmp / "cpu") + "' " + files, tmp);
+  const CliRun gpu = run_cli("--device cuda --dump '" + (tmp / "cuda") + "' " + files, tmp);
+  EXPECT_EQ(cpu.code, gpu.code) << gpu.err;
+  auto strip = [](std::string s) {  // the "dumped <path>" lines name different folders
+    std::string out, line;
+    std::istringstream in(s);
+    while (std::getline(in, line))
+      if (line.rfind("dumped ", 0) != 0) out += line + "\n";
+    return out;
+  };
+  EXPECT_EQ(strip(cpu.out), strip(gpu.out));
+  for (const char* name : {kR1, kR2}) EXPECT_EQ(read_file(tmp / ("cpu/" + std::string(name))), read_file(tmp / ("cuda/" + std::string(name)))) << name;
 }
