@@ -212,6 +212,23 @@ TEST(ConformCli, DoctoredReferencesFail) {
     EXPECT_NE(r.out.find("beyond one quantization step"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("from-reference-latent: 1 bytes differ"), std::string::npos) << r.out;
   }
+  {  // a latent element moved by two bf16 ulps is a real disagreement, not a rounding-midpoint one
+    const auto f = SafetensorsFile::load(shipped(kR1));
+    const auto lat = f.copy_as<uint16_t>("c0.latent_out");
+    size_t at = lat.size();
+    for (size_t i = 0; i < lat.size(); ++i)
+      if ((lat[i] & 0x7F80) != 0x7F80 && (lat[i] & 0x7F) < 0x70 && (lat[i] & 0x7F80) != 0) {
+        at = i;
+        break;
+      }
+    ASSERT_LT(at, lat.size());
+    const std::string p = tmp / "latent.safetensors";
+    write_doctored(shipped(kR1), p, "c0.latent_out", [&](std::vector<uint8_t>& b) { b[2 * at] += 2; });
+    const CliRun r = run_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("r1 c0 prefill          latent     FAIL"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("1 elements beyond tolerance"), std::string::npos) << r.out;
+  }
   {  // ring_out
     const std::string p = tmp / "ring.safetensors";
     write_doctored(shipped(kR2), p, "c1.ring_out", [](std::vector<uint8_t>& b) { b[4 * 9000] ^= 1; });
