@@ -1,0 +1,361 @@
+// CUDA compressor backend vs the CPU reference (SPEC 0.4 item 2): fresh random inputs each run
+// (seed printed), canary/NaN-filled whole backings compared byte for byte after both backends
+// ran the same op. Covers compress (ratio 1, ratio 2 tail policy, ratio 2 PCP open-row),
+// insert for the 5 record formats, the fused compress_insert (with and without latent_out,
+// one-warp and four-warp program paths, aligned and unaligned rings/pages), gather,
+// save_ring_rows, CUDA-graph capture + replay, and rejection of bad inputs before any launch.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dsv41kv/compressor.hpp"
+#include "gpu/gpu_batch.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+const RecordFormat kFormats[] = {RecordFormat::V4_584, RecordFormat::MXFP8_528,
+                                 RecordFormat::NVFP4_288, RecordFormat::PLAIN_BF16,
+                                 RecordFormat::PLAIN_FP8};
+
+std::string name_of(const GpuBatchSpec& s) {
+  return std::string("r") + std::to_string(s.ratio) + " " + record_info(s.format).name +
+         " reqs " + std::to_string(s.num_reqs) + " len " + std::to_string(s.min_len) + ".." +
+         std::to_string(s.max_len) + (s.pcp ? " pcp" : "") + " ring+" +
+         std::to_string(s.ring_block_extra) + " page+" + std::to_string(s.page_extra) + " off " +
+         std::to_string(s.cache_offset);
+}
+
+// Sizes that exercise both program geometries (<= 1024 programs: four warps per token).
+std::vector<GpuBatchSpec> shapes(int ratio) {
+  std::vector<GpuBatchSpec> v;
+  GpuBatchSpec decode;
+  decode.ratio = ratio;
+  decode.num_reqs = 200;
+  decode.min_len = 1;
+  decode.max_len = 1;
+  v.push_back(decode);
+  GpuBatchSpec small;  // short chunks, empty requests, wraps of the ring
+  small.ratio = ratio;
+  small.num_reqs = 9;
+  small.max_len = 30;
+  small.ring_block_extra = 1;  // unaligned ring rows
+  small.page_extra = 3;        // unaligned pages
+  small.cache_offset = 5;
+  v.push_back(small);
+  GpuBatchSpec prefill;  // > 1024 programs: one warp per token
+  prefill.ratio = ratio;
+  prefill.num_reqs = 6;
+  prefill.min_len = 300;
+  prefill.max_len = 900;
+  prefill.S = 64 / ratio;
+  v.push_back(prefill);
+  return v;
+}
+
+class CompressorGpu : public GpuTest {};
+
+TEST_F(CompressorGpu, CompressMatchesCpu) {
+  for (int ratio : {1, 2})
+    for (bool pcp : {false, true}) {
+      if (pcp && ratio == 1) continue;
+      for (GpuBatchSpec s : shapes(ratio)) {
+        s.pcp = pcp;
+        GpuBatch b = GpuBatch::make(s, rng());
+        GpuBatchDev d(b);
+        compress(compress_args(b, nullptr));
+        compress(compress_args(b, &d));
+        EXPECT_TRUE(outputs_equal(b, d, "compress " + name_of(s)));
+      }
+    }
+}
+
+TEST_F(CompressorGpu, InsertMatchesCpuEveryFormat) {
+  for (int ratio : {1, 2})
+    for (RecordFormat f : kFormats)
+      for (GpuBatchSpec s : shapes(ratio)) {
+        s.format = f;
+        s.nonfinite_fraction = 0.002;  // poisoned tiles
+        GpuBatch b = GpuBatch::make(s, rng());
+        // random latent rows (NaN rows included): the insert reads every closing row
+        for (auto& v : b.latent) v = num::bf16_encode(static_cast<float>(rng().normal() * 3.0));
+        for (int64_t k = 0; k < 5; ++k)
+          b.latent[static_cast<size_t>(rng().integer(0, static_cast<int64_t>(b.latent.size()) - 1))] = 0x7F80;
+        GpuBatchDev d(b);
+        insert(insert_args(b, nullptr));
+        insert(insert_args(b, &d));
+        EXPECT_TRUE(outputs_equal(b, d, "insert " + name_of(s)));
+      }
+}
+
+TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
+  for (int ratio : {1, 2})
+    for (RecordFormat f : kFormats)
+      for (bool with_latent : {true, false})
+        for (GpuBatchSpec s : shapes(ratio)) {
+          s.format = f;
+          s.pcp = ratio == 2 && with_latent && f == RecordFormat::V4_584;
+          s.nonfinite_fraction = f == RecordFormat::MXFP8_528 ? 0.001 : 0.0;
+          GpuBatch b = GpuBatch::make(s, rng());
+          GpuBatchDev d(b);
+          compress_insert(compress_insert_args(b, nullptr, with_latent));
+          compress_insert(compress_insert_args(b, &d, with_latent));
+          EXPECT_TRUE(outputs_equal(b, d,
+                                    "compress_insert " + name_of(s) +
+                                        (with_latent ? " +latent" : " no latent")));
+        }
+}
+
+// The fused launch equals the two separate CUDA kernels (compress, then insert) on the same
+// inputs, and those equal the CPU's compress + insert. Every ring and cache slot is valid here,
+// so every closing token with a cache slot emits a latent and both sequences write the same
+// records.
+TEST_F(CompressorGpu, FusedEqualsSeparateKernels) {
+  for (int ratio : {1, 2})
+    for (RecordFormat f : kFormats) {
+      GpuBatchSpec s = shapes(ratio)[2];
+      s.format = f;
+      s.invalid_slot_fraction = 0.0;
+      s.null_request = false;
+      GpuBatch b = GpuBatch::make(s, rng());
+      GpuBatch b2 = b;
+      GpuBatchDev d(b), d2(b);
+      compress_insert(compress_insert_args(b, &d, true));
+      compress(compress_args(b2, &d2));
+      insert(insert_args(b2, &d2));
+      compress(compress_args(b2, nullptr));
+      insert(insert_args(b2, nullptr));
+      const std::string w = std::string(" r") + std::to_string(ratio) + " " + record_info(f).name;
+      EXPECT_TRUE(bits_equal(d2.latent.download(), d.latent.download(), "latent fused vs separate" + w));
+      EXPECT_TRUE(bits_equal(d2.ring.download(), d.ring.download(), "ring fused vs separate" + w));
+      if (b.bf16_cache())
+        EXPECT_TRUE(bits_equal(d2.cache16.download(), d.cache16.download(), "cache fused vs separate" + w));
+      else
+        EXPECT_TRUE(bits_equal(d2.cache8.download(), d.cache8.download(), "cache fused vs separate" + w));
+      EXPECT_TRUE(outputs_equal(b2, d2, "separate kernels vs cpu" + w));
+    }
+}
+
+TEST_F(CompressorGpu, GatherMatchesCpuEveryFormat) {
+  for (RecordFormat f : kFormats) {
+    const int64_t S = 16, pages = 9;
+    CacheView host = CacheView::with_default_strides(nullptr, f, pages, S);
+    host.page_stride += 7;
+    host.fp8_scale = 0.75f;
+    const bool bf16 = f == RecordFormat::PLAIN_BF16;
+    const size_t n = static_cast<size_t>(pages * host.page_stride);
+    std::vector<uint8_t> c8;
+    std::vector<uint16_t> c16;
+    if (bf16) {
+      c16.resize(n);
+      for (auto& v : c16) v = num::bf16_encode(static_cast<float>(rng().normal()));
+    } else {
+      c8.resize(n);
+      for (auto& v : c8) v = static_cast<uint8_t>(rng().next());
+    }
+    const int64_t M = 777;
+    std::vector<int64_t> slots(static_cast<size_t>(M));
+    for (auto& v : slots) v = rng().uniform() < 0.1 ? -1 : rng().integer(0, pages * S - 1);
+    const int64_t out_stride = 520;
+    std::vector<uint16_t> out(static_cast<size_t>(M * out_stride), kBf16Sentinel);
+    DeviceBuffer<uint8_t> d8(bf16 ? std::vector<uint8_t>(1) : c8);
+    DeviceBuffer<uint16_t> d16(bf16 ? c16 : std::vector<uint16_t>(1));
+    DeviceBuffer<int64_t> ds(slots);
+    DeviceBuffer<uint16_t> dout(out);
+    GatherArgs ha, da;
+    ha.cache = host;
+    ha.cache.base = bf16 ? static_cast<void*>(c16.data()) : c8.data();
+    ha.slots = TensorView::contiguous(slots.data(), DType::I64, {M});
+    ha.out = TensorView::strided(out.data(), DType::BF16, {M, 512}, {out_stride, 1});
+    da = ha;
+    da.cache.base = bf16 ? static_cast<void*>(d16.data()) : d8.data();
+    da.cache.device = Device::CUDA;
+    da.slots = ds.view1();
+    da.out = dout.strided({M, 512}, {out_stride, 1});
+    gather(ha);
+    gather(da);
+    EXPECT_TRUE(bits_equal(out, dout.download(), std::string("gather ") + record_info(f).name));
+  }
+}
+
+TEST_F(CompressorGpu, SaveRingRowsMatchesCpu) {
+  for (int64_t extra : {16, 1}) {
+    const int64_t G = 40, blocks = 30, cap = 8, bs = cap * 1024 + extra;
+    std::vector<float> prev = random_f32(static_cast<size_t>(G * 1024), rng());
+    std::vector<float> ring = random_f32(static_cast<size_t>(blocks * bs), rng());
+    std::vector<int64_t> blk(static_cast<size_t>(blocks));
+    for (int64_t i = 0; i < blocks; ++i) blk[static_cast<size_t>(i)] = i;
+    rng().shuffle(blk);
+    std::vector<int64_t> slots(static_cast<size_t>(G), -1);
+    for (int64_t g = 0; g < G; ++g)
+      if (g < blocks && rng().uniform() < 0.7)
+        slots[static_cast<size_t>(g)] = blk[static_cast<size_t>(g)] * cap + rng().integer(0, cap - 1);
+    DeviceBuffer<float> dprev(prev), dring(ring);
+    DeviceBuffer<int64_t> dslots(slots);
+    SaveRingRowsArgs h, dv;
+    h.prev_rows = TensorView::contiguous(prev.data(), DType::F32, {G, 1024});
+    h.ring_write_slots = TensorView::contiguous(slots.data(), DType::I64, {G});
+    h.ring = TensorView::strided(ring.data(), DType::F32, {blocks, cap, 1024}, {bs, 1024, 1});
+    dv.prev_rows = dprev.view({G, 1024});
+    dv.ring_write_slots = dslots.view1();
+    dv.ring = dring.strided({blocks, cap, 1024}, {bs, 1024, 1});
+    save_ring_rows(h);
+    save_ring_rows(dv);
+    EXPECT_TRUE(bits_equal(ring, dring.download(), "save_ring_rows ring backing"));
+  }
+}
+
+// Capture compress_insert + gather on a stream into a CUDA graph; replaying it over new
+// inputs (copied into the same buffers) must give exactly the eager results.
+TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
+  for (int ratio : {1, 2}) {
+    GpuBatchSpec s = shapes(ratio)[0];  // decode: the graph-replayed case
+    s.format = RecordFormat::V4_584;
+    GpuBatch b1 = GpuBatch::make(s, rng());
+    GpuBatch b2 = b1;  // same batch layout, new row and ring contents
+    for (auto& v : b2.kv) v = static_cast<float>(rng().normal());
+    for (auto& v : b2.ring) v = static_cast<float>(rng().normal());
+
+    cudaStream_t st;
+    GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ExecContext ctx;
+    ctx.stream = st;
+    GpuBatchDev d(b1);
+    const int64_t M = b1.num_pages * s.S;
+    std::vector<int64_t> all(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) all[static_cast<size_t>(i)] = i;
+    DeviceBuffer<int64_t> gslots(all);
+    DeviceBuffer<uint16_t> gout(std::vector<uint16_t>(static_cast<size_t>(M * 512), kBf16Sentinel));
+    auto gather_args = [&] {
+      GatherArgs g;
+      g.cache = cache_view(b1, &d);
+      g.slots = gslots.view1();
+      g.out = gout.view({M, 512});
+      return g;
+    };
+
+    // eager reference for both input sets
+    std::vector<std::vector<uint8_t>> eager_cache;
+    std::vector<std::vector<uint16_t>> eager_lat, eager_gather;
+    std::vector<std::vector<float>> eager_ring;
+    for (GpuBatch* b : {&b1, &b2}) {
+      GpuBatchDev e(*b);
+      DeviceBuffer<uint16_t> eo(std::vector<uint16_t>(static_cast<size_t>(M * 512), kBf16Sentinel));
+      compress_insert(compress_insert_args(*b, &e, true), ctx);
+      GatherArgs g;
+      g.cache = cache_view(*b, &e);
+      g.slots = gslots.view1();
+      g.out = eo.view({M, 512});
+      gather(g, ctx);
+      GPU_CHECK(cudaStreamSynchronize(st));
+      eager_cache.push_back(e.cache8.download());
+      eager_lat.push_back(e.latent.download());
+      eager_ring.push_back(e.ring.download());
+      eager_gather.push_back(eo.download());
+    }
+
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    GPU_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    compress_insert(compress_insert_args(b1, &d, true), ctx);
+    gather(gather_args(), ctx);
+    GPU_CHECK(cudaStreamEndCapture(st, &graph));
+    GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int which = 0; which < 2; ++which) {
+        GpuBatch& b = which == 0 ? b1 : b2;
+        d.kv.upload(b.kv);
+        d.ring.upload(b.ring);
+        d.latent.upload(b.latent);
+        d.cache8.upload(b.cache8);
+        gout.upload(std::vector<uint16_t>(static_cast<size_t>(M * 512), kBf16Sentinel));
+        GPU_CHECK(cudaGraphLaunch(exec, st));
+        GPU_CHECK(cudaStreamSynchronize(st));
+        const std::string w = "graph replay r" + std::to_string(ratio) + " set " + std::to_string(which);
+        EXPECT_TRUE(bits_equal(eager_cache[static_cast<size_t>(which)], d.cache8.download(), w + " cache"));
+        EXPECT_TRUE(bits_equal(eager_lat[static_cast<size_t>(which)], d.latent.download(), w + " latent"));
+        EXPECT_TRUE(bits_equal(eager_ring[static_cast<size_t>(which)], d.ring.download(), w + " ring"));
+        EXPECT_TRUE(bits_equal(eager_gather[static_cast<size_t>(which)], gout.download(), w + " gather"));
+      }
+    }
+    EXPECT_NE(eager_cache[0], eager_cache[1]) << "the two input sets must give different caches";
+    GPU_CHECK(cudaGraphExecDestroy(exec));
+    GPU_CHECK(cudaGraphDestroy(graph));
+    GPU_CHECK(cudaStreamDestroy(st));
+  }
+}
+
+// Bad inputs are rejected on the host before any launch: the device outputs keep their bytes.
+TEST_F(CompressorGpu, BadInputsRejectedBeforeLaunch) {
+  GpuBatchSpec s = shapes(2)[1];
+  GpuBatch b = GpuBatch::make(s, rng());
+  GpuBatchDev d(b);
+  auto expect_untouched = [&](const char* what) {
+    EXPECT_TRUE(outputs_equal(b, d, std::string("untouched after rejected ") + what));
+  };
+  {  // wrong dtype of kv_score
+    CompressInsertArgs a = compress_insert_args(b, &d, true);
+    a.compress.kv_score.dtype = DType::BF16;
+    EXPECT_THROW(compress_insert(a), Error);
+    expect_untouched("dtype");
+  }
+  {  // mixed devices
+    CompressInsertArgs a = compress_insert_args(b, &d, true);
+    a.compress.positions.device = Device::CPU;
+    EXPECT_THROW(compress_insert(a), Error);
+    expect_untouched("device mix");
+  }
+  {  // kv_score not 16-byte aligned (CUDA requirement)
+    CompressArgs a = compress_args(b, &d);
+    a.kv_score.data = static_cast<char*>(a.kv_score.data) + 4;
+    a.kv_score.shape[0] -= 1;
+    EXPECT_THROW(compress(a), Error);
+    expect_untouched("misaligned kv_score");
+  }
+  {  // ratio 3
+    CompressArgs a = compress_args(b, &d);
+    a.ratio = 3;
+    try {
+      compress(a);
+      ADD_FAILURE() << "ratio 3 accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kCompressorRatio);
+    }
+    expect_untouched("ratio");
+  }
+  {  // insert: page stride below the payload
+    InsertArgs a = insert_args(b, &d);
+    a.cache.page_stride = 1;
+    EXPECT_THROW(insert(a), Error);
+    expect_untouched("page stride");
+  }
+  GPU_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(cudaGetLastError());
+}
+
+// Out-of-range device values (which the host cannot check without a synchronisation) are
+// skipped by the kernels: nothing is written outside the backings, nothing faults.
+TEST_F(CompressorGpu, OutOfRangeDeviceValuesAreSkipped) {
+  GpuBatchSpec s = shapes(2)[1];
+  GpuBatch b = GpuBatch::make(s, rng());
+  GpuBatch ref = b;
+  // poison: slots beyond the ring/cache, negative positions, bad token_to_req, bad qsl entry
+  for (int64_t t = 0; t < b.N; t += 7) b.ring_slots[static_cast<size_t>(t)] = b.ring_blocks * s.cap + 5;
+  for (int64_t t = 3; t < b.N; t += 11) b.cache_slots[static_cast<size_t>(t)] = b.num_pages * s.S + 1;
+  for (int64_t t = 5; t < b.N; t += 13) b.t2r[static_cast<size_t>(t)] = 1000;
+  GpuBatchDev d(b);
+  compress_insert(compress_insert_args(b, &d, true));
+  GPU_CHECK(cudaDeviceSynchronize());
+  GPU_CHECK(cudaGetLastError());
+  // the ring padding between blocks (block stride > cap * 1024) is never written
+  const std::vector<float> ring = d.ring.download();
+  for (int64_t blk = 0; blk < b.ring_blocks; ++blk)
+    for (int64_t f = s.cap * 1024; f < b.block_stride; ++f)
+      ASSERT_EQ(num::f2u(ring[static_cast<size_t>(blk * b.block_stride + f)]),
+                num::f2u(ref.ring[static_cast<size_t>(blk * b.block_stride + f)]));
+}
+
+}  // namespace
+}  // namespace dsv41kv::test

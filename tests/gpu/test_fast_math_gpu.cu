@@ -1,0 +1,182 @@
+// The three bit-identical shortcuts of the CUDA writers (cuda_common.cuh) against the shared
+// primitives they replace, on the device, exhaustively where the input space allows:
+//   * e4m3x2_finite (hardware cvt.rn.satfinite.e4m3x2.f32) vs num::e4m3_encode: all 2^32 fp32
+//     bit patterns that are finite;
+//   * e2m1_quotient_code vs num::e2m1_encode(div_rn(v, sd)): every positive e4m3 scale sd and
+//     2^24 values per scale (all magnitudes of 8 binades around sd, both signs) plus the exact
+//     neighbourhoods of every threshold;
+//   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values.
+// Plus host-side versions of the last two (they also run without a GPU).
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include "compressor/cuda_common.cuh"
+#include "gpu/gpu_util.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+using namespace dsv41kv::detail::cuda;
+
+__global__ void e4m3_exhaustive_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t u = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < (1ull << 32);
+       u += stride) {
+    const float x = num::u2f(static_cast<uint32_t>(u));
+    if (!num::is_finite(x)) continue;
+    const uint32_t hw = e4m3x2_finite(x, x);
+    const uint32_t sw = num::e4m3_encode(x);
+    if ((hw & 0xFFu) != sw || (hw >> 8) != sw) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first, static_cast<uint32_t>(u));
+    }
+  }
+}
+
+__global__ void e2m1_kernel(unsigned long long* mismatches, uint32_t* first_v) {
+  const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
+  const float sd = num::e4m3_decode(static_cast<uint8_t>(sb));
+  float thr[7];
+  e2m1_thresholds(sd, thr);
+  const uint32_t base = num::f2u(num::mul_rn(sd, 1.0f / 16.0f));
+  const uint32_t span = 1u << 23;  // 8 binades of magnitudes below sd*16
+  const uint32_t stride = gridDim.x * blockDim.x;
+  for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < span; i += stride) {
+    for (int sign = 0; sign < 2; ++sign) {
+      const float v = num::u2f((base + i) | (sign ? 0x80000000u : 0u));
+      if (e2m1_quotient_code(v, thr) != num::e2m1_encode(num::div_rn(v, sd))) {
+        atomicAdd(mismatches, 1ull);
+        atomicMin(first_v, num::f2u(v));
+      }
+    }
+  }
+  // threshold neighbourhoods (+-4096 ulps)
+  if (blockIdx.x == 0)
+    for (int k = 0; k < 7; ++k)
+      for (int d = static_cast<int>(threadIdx.x) - 4096; d < 4096; d += static_cast<int>(blockDim.x))
+        for (int sign = 0; sign < 2; ++sign) {
+          const float v = num::u2f((num::f2u(thr[k]) + d) | (sign ? 0x80000000u : 0u));
+          if (e2m1_quotient_code(v, thr) != num::e2m1_encode(num::div_rn(v, sd))) {
+            atomicAdd(mismatches, 1ull);
+            atomicMin(first_v, num::f2u(v));
+          }
+        }
+}
+
+__device__ uint32_t hash32(uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
+}
+
+__global__ void pool2_kernel(unsigned long long* mismatches, uint32_t seed) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  uint32_t h = hash32(i ^ seed);
+  float q[4];
+  for (int k = 0; k < 4; ++k) {
+    h = hash32(h + 0x9E3779B9u);
+    // random sign/exponent in a useful range, random mantissa
+    const uint32_t e = 100 + (h % 50);
+    q[k] = num::u2f(((h & 1u) << 31) | (e << 23) | ((h >> 5) & 0x7FFFFFu));
+  }
+  if ((i & 7u) == 0) q[3] = q[1];  // equal scores
+  const float a = pool2_fast(q[0], q[1], q[2], q[3]);
+  const float b = cmath::pool2(q[0], q[1], q[2], q[3]);
+  if (num::f2u(a) != num::f2u(b)) atomicAdd(mismatches, 1ull);
+}
+
+__global__ void pool2_special_kernel(unsigned long long* mismatches) {
+  const float sp[11] = {0.f, -0.f, INFINITY, -INFINITY, NAN, 1.f, -1.f, 1e30f, -1e30f, 200.f, -200.f};
+  const int i = static_cast<int>(threadIdx.x + blockIdx.x * blockDim.x);
+  if (i >= 11 * 11 * 11 * 11) return;
+  const float a = sp[i % 11], b = sp[(i / 11) % 11], c = sp[(i / 121) % 11], d = sp[i / 1331];
+  const float x = pool2_fast(a, b, c, d), y = cmath::pool2(a, b, c, d);
+  if (num::f2u(x) != num::f2u(y)) atomicAdd(mismatches, 1ull);
+}
+
+class FastMathGpu : public GpuTest {};
+
+TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
+  unsigned long long* cnt;
+  uint32_t* first;
+  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
+  GPU_CHECK(cudaMalloc(&first, sizeof *first));
+  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
+  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
+  e4m3_exhaustive_kernel<<<2048, 256>>>(cnt, first);
+  GPU_CHECK(cudaGetLastError());
+  unsigned long long n = 0;
+  uint32_t f = 0;
+  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(n, 0ull) << "first mismatching bit pattern 0x" << std::hex << f
+                     << " (rebuild with -DDSV41KV_CUDA_SOFT_FP8=1 to use the software encoder)";
+  cudaFree(cnt);
+  cudaFree(first);
+}
+
+TEST_F(FastMathGpu, E2m1WithoutDivisionEqualsDivision) {
+  unsigned long long* cnt;
+  uint32_t* first;
+  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
+  GPU_CHECK(cudaMalloc(&first, sizeof *first));
+  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
+  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
+  e2m1_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first);
+  GPU_CHECK(cudaGetLastError());
+  unsigned long long n = 0;
+  uint32_t f = 0;
+  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(n, 0ull) << "first mismatching value bits 0x" << std::hex << f;
+  cudaFree(cnt);
+  cudaFree(first);
+}
+
+TEST_F(FastMathGpu, Pool2FastEqualsPool2) {
+  unsigned long long* cnt;
+  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
+  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
+  pool2_kernel<<<(1u << 26) / 256, 256>>>(cnt, static_cast<uint32_t>(seed()));
+  pool2_special_kernel<<<(14641 + 255) / 256, 256>>>(cnt);
+  GPU_CHECK(cudaGetLastError());
+  unsigned long long n = 0;
+  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(n, 0ull);
+  cudaFree(cnt);
+}
+
+// Host versions: these need no GPU.
+TEST(FastMathHost, E2m1WithoutDivisionEqualsDivisionNearThresholds) {
+  int64_t bad = 0;
+  for (int sb = 1; sb <= 0x7E; ++sb) {
+    const float sd = num::e4m3_decode(static_cast<uint8_t>(sb));
+    float thr[7];
+    e2m1_thresholds(sd, thr);
+    for (int k = 0; k < 7; ++k)
+      for (int d = -2000; d <= 2000; ++d)
+        for (int sign = 0; sign < 2; ++sign) {
+          const float v = num::u2f((num::f2u(thr[k]) + d) | (sign ? 0x80000000u : 0u));
+          if (e2m1_quotient_code(v, thr) != num::e2m1_encode(num::div_rn(v, sd))) ++bad;
+        }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(FastMathHost, Pool2FastEqualsPool2) {
+  Rng rng(run_seed());
+  int64_t bad = 0;
+  for (int i = 0; i < 2000000; ++i) {
+    float q[4];
+    for (auto& v : q) v = static_cast<float>(rng.normal() * (i % 3 == 0 ? 40.0 : 2.0));
+    if (i % 5 == 0) q[3] = q[1];
+    if (num::f2u(pool2_fast(q[0], q[1], q[2], q[3])) != num::f2u(cmath::pool2(q[0], q[1], q[2], q[3]))) ++bad;
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
