@@ -11,5 +11,6 @@ void add_demo(CLI::App& app, int& exit_code);
 void add_conform(CLI::App& app, int& exit_code);
 void add_run(CLI::App& app, int& exit_code);
 void add_nccl_check(CLI::App& app, int& exit_code);
+void add_bench(CLI::App& app, int& exit_code);
 
 }  // namespace dsv41kv::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   dsv41kv::cli::add_conform(app, exit_code);
   dsv41kv::cli::add_run(app, exit_code);
   dsv41kv::cli::add_nccl_check(app, exit_code);
+  dsv41kv::cli::add_bench(app, exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
