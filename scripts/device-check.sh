@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# GPU checks of the CUDA backend, for the device machine (H200). Stages, in order (default all):
+#   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
+#   test      build/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
+#   sanitize  compute-sanitizer memcheck and racecheck on test_gpu (exhaustive math tests left out)
+#   bench     dsv41kv bench --device cuda --json (and a table made from it)
+# Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
+# Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
+# the exit status is non-zero when any stage failed.
+#
+# Environment:
+#   DSV41KV_CMAKE_ARGS      extra cmake arguments, e.g. -DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix
+#   DSV41KV_DEVICE_BUILD    build folder (default build-device)
+#   DSV41KV_CUDA_ARCHS      CMAKE_CUDA_ARCHITECTURES (default "90a-real;90-real")
+#   DSV41KV_CONFORMANCE_DIR conformance files (default .devdeps/conformance when present)
+#   DSV41KV_SEED            replay the random inputs of an earlier test run
+#   DSV41KV_SAN_FILTER      gtest filter for the sanitizer runs
+#   DSV41KV_BENCH_ITERS     timed repetitions per bench measurement (default 50)
+#   DSV41KV_JOBS            build parallelism (default nproc)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-./device-out}
+mkdir -p "$OUT"
+BUILD=${DSV41KV_DEVICE_BUILD:-build-device}
+JOBS=${DSV41KV_JOBS:-$(nproc)}
+ARCHS=${DSV41KV_CUDA_ARCHS:-90a-real;90-real}
+SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*}
+ITERS=${DSV41KV_BENCH_ITERS:-50}
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
+if [ -z "${DSV41KV_CONFORMANCE_DIR:-}" ] && [ -d .devdeps/conformance ]; then
+  export DSV41KV_CONFORMANCE_DIR=$PWD/.devdeps/conformance
+fi
+if [ -z "${DSV41KV_CMAKE_ARGS:-}" ] && [ -d .devdeps/prefix ]; then
+  DSV41KV_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix"
+fi
+if [ -d .devdeps/prefix/lib/x86_64-linux-gnu ]; then
+  export LD_LIBRARY_PATH=$PWD/.devdeps/prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+stages=("$@")
+[ ${#stages[@]} -eq 0 ] && stages=(build test sanitize bench)
+status=0
+summary="$OUT/summary.txt"
+note() { echo "$*" | tee -a "$summary"; }
+run_stage() {  # name, command...
+  local name=$1; shift
+  local t0=$(date +%s)
+  "$@"
+  local rc=$?
+  note "$(printf '%-10s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")"
+  [ $rc -ne 0 ] && status=1
+  return $rc
+}
+
+stage_build() {
+  { nvidia-smi; nvcc --version; cmake --version; ninja --version; } > "$OUT/env.txt" 2>&1
+  # shellcheck disable=SC2086
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV41KV_CUDA=ON -DDSV41KV_BENCH=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+  ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli test_gpu > "$OUT/build.log" 2>&1
+  local rc=$?
+  grep -E "warning|error" "$OUT/build.log" | grep -v "^ninja" | head -50 > "$OUT/build-warnings.txt"
+  return $rc
+}
+
+stage_test() {
+  "$BUILD/test_gpu" --gtest_output=xml:"$OUT/test_gpu.xml" > "$OUT/test_gpu.log" 2>&1
+  local rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |seed|tests? from .* ran" "$OUT/test_gpu.log" | tail -40 > "$OUT/test_gpu-summary.txt"
+  return $rc
+}
+
+stage_sanitize() {
+  local rc=0
+  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 \
+    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/memcheck.log" 2>&1 || rc=1
+  compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
+    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1 || rc=1
+  # synccheck/initcheck are cheap extras: reported, not gating
+  compute-sanitizer --tool synccheck "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/synccheck.log" 2>&1 || true
+  tail -3 "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/synccheck.log" > "$OUT/sanitizer-summary.txt" 2>&1
+  return $rc
+}
+
+stage_bench() {
+  "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" > "$OUT/bench.json" 2> "$OUT/bench.err"
+  local rc=$?
+  if command -v python3 >/dev/null && [ -s "$OUT/bench.json" ]; then
+    python3 - "$OUT/bench.json" > "$OUT/bench.txt" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(f"device {j['device']}  copy {j['copy_GBps']:.0f} GB/s (baseline run {j['baseline_copy_GBps']:.0f})")
+print(f"{'workload':<12}{'r':>2} {'record':<10}{'variant':<9}{'us':>9}{'GB/s':>8}{'copy%':>7}{'vllm_us':>9}{'x':>7}{'wrong':>6}")
+for r in j["rows"]:
+    print(f"{r['workload']:<12}{r['ratio']:>2} {r['record']:<10}{r['variant']:<9}{r['us']:>9.2f}{r['GBps']:>8.0f}"
+          f"{100*r['copy_fraction']:>6.1f}%{1e3*r['vllm_ms']:>9.2f}{r['speedup_vs_vllm']:>6.2f}x{r['wrong']:>6}")
+print("targets: 256K fused >= 90% copy, >= 1.6x (r2) / 2.5x (r1) vs vLLM; decode fused <= 2.3 us (r1) / 2.9 us (r2)")
+PY
+  fi
+  return $rc
+}
+
+: > "$summary"
+for s in "${stages[@]}"; do
+  case "$s" in
+    build) run_stage build stage_build ;;
+    test) run_stage test stage_test ;;
+    sanitize) run_stage sanitize stage_sanitize ;;
+    bench) run_stage bench stage_bench ;;
+    *) echo "unknown stage '$s' (build test sanitize bench)" >&2; exit 2 ;;
+  esac
+done
+[ -f "$OUT/test_gpu-summary.txt" ] && tail -25 "$OUT/test_gpu-summary.txt"
+[ -f "$OUT/sanitizer-summary.txt" ] && cat "$OUT/sanitizer-summary.txt"
+[ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
+cat "$summary"
+exit $status
