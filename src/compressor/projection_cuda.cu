@@ -1,0 +1,91 @@
+// cuBLAS projection (include/dsv41kv/projection_cuda.hpp).
+//
+// Row-major kv_score[T, O] = hidden[T, H] . W[O, H]^T is, in cuBLAS's column-major terms,
+// C[O, T] = op(W)[O, H] . hidden^T[H, T] with op = transpose: cublasGemmEx(T, N, m = O, n = T,
+// k = H, W (ld = W row stride), hidden (ld = hidden row stride), C (ld = kv row stride)).
+#include <cublas_v2.h>
+
+#include <string>
+
+#include "core/cuda_util.hpp"
+#include "dsv41kv/projection_cuda.hpp"
+
+namespace dsv41kv {
+namespace {
+
+void cublas_check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    fail(ErrorCode::kCuda, std::string("cublas: ") + what + ": " + cublasGetStatusName(s) + ": " +
+                               cublasGetStatusString(s));
+}
+
+[[noreturn]] void bad(const char* arg, const std::string& msg) {
+  invalid_argument(std::string("project_kv_score (cuda): ") + arg + ": " + msg);
+}
+
+void need_matrix(const TensorView& v, const char* arg, DType dt) {
+  if (!v.present()) bad(arg, "absent");
+  if (v.dtype != dt) bad(arg, v.describe() + ", expected dtype " + dtype_name(dt));
+  if (v.ndim != 2) bad(arg, v.describe() + ", expected 2 dimensions");
+  if (v.device != Device::CUDA) bad(arg, v.describe() + ", expected a cuda view");
+  if (v.shape[1] > 1 && v.stride[1] != 1) bad(arg, v.describe() + ", expected inner stride 1");
+  if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
+    bad(arg, v.describe() + ", expected row stride >= " + std::to_string(v.shape[1]));
+  if (v.numel() > 0 && v.data == nullptr) bad(arg, "null data pointer");
+}
+
+}  // namespace
+
+CublasProjection::CublasProjection(size_t workspace_bytes) : workspace_bytes_(workspace_bytes) {
+  cublasHandle_t h = nullptr;
+  cublas_check(cublasCreate(&h), "cublasCreate");
+  handle_ = h;
+  if (workspace_bytes_ > 0) {
+    const cudaError_t e = cudaMalloc(&workspace_, workspace_bytes_);
+    if (e != cudaSuccess) {
+      cublasDestroy(h);
+      handle_ = nullptr;
+      DSV41KV_CUDA_CHECK(e);
+    }
+    cublas_check(cublasSetWorkspace(h, workspace_, workspace_bytes_), "cublasSetWorkspace");
+  }
+  cublas_check(cublasSetMathMode(h, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+}
+
+CublasProjection::~CublasProjection() {
+  if (handle_) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (workspace_) cudaFree(workspace_);
+}
+
+void CublasProjection::project(const TensorView& hidden, const TensorView& weight,
+                               const TensorView& kv_score, const ExecContext& ctx) const {
+  need_matrix(hidden, "hidden", DType::BF16);
+  need_matrix(weight, "weight", DType::BF16);
+  need_matrix(kv_score, "kv_score", DType::F32);
+  const int64_t T = hidden.shape[0], H = hidden.shape[1], O = weight.shape[0];
+  if (O != 512 && O != 1024)
+    fail(ErrorCode::kCompressorRatio,
+         "project_kv_score (cuda): weight: " + weight.describe() +
+             ", expected 512 (ratio 1) or 1024 (ratio 2) rows");
+  if (weight.shape[1] != H)
+    bad("weight", weight.describe() + ", expected " + std::to_string(H) + " columns like hidden");
+  if (kv_score.shape[0] != T || kv_score.shape[1] != O)
+    bad("kv_score", kv_score.describe() + ", expected [" + std::to_string(T) + ", " + std::to_string(O) + "]");
+  if (T == 0) return;
+  const int64_t lda = O > 1 ? weight.stride[0] : H, ldb = T > 1 ? hidden.stride[0] : H,
+                ldc = T > 1 ? kv_score.stride[0] : O;
+  const int64_t lim = int64_t{1} << 31;
+  if (T >= lim || H >= lim || lda >= lim || ldb >= lim || ldc >= lim)
+    bad("hidden", "dimensions and strides must be < 2^31 for cuBLAS");
+  auto h = static_cast<cublasHandle_t>(handle_);
+  cublas_check(cublasSetStream(h, detail::as_stream(ctx.stream)), "cublasSetStream");
+  const float alpha = 1.0f, beta = 0.0f;
+  cublas_check(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(O), static_cast<int>(T),
+                            static_cast<int>(H), &alpha, weight.data, CUDA_R_16BF,
+                            static_cast<int>(lda), hidden.data, CUDA_R_16BF, static_cast<int>(ldb),
+                            &beta, kv_score.data, CUDA_R_32F, static_cast<int>(ldc),
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmEx");
+}
+
+}  // namespace dsv41kv
