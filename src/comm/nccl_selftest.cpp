@@ -80,14 +80,18 @@ inline uint8_t pattern(int rank, int tag, size_t i) {
   return static_cast<uint8_t>(x ^ (x >> 8));
 }
 
+// Freed only on the success path: after a communicator failure, kernels of the aborted
+// communicator may still sit on the stream and cudaFree would synchronise with them; the
+// failing process leaves through _exit instead (run_nccl_check_rank).
 struct Buffers {
   uint8_t* d_send = nullptr;
   uint8_t* d_recv = nullptr;
   uint8_t* h_buf = nullptr;  // pinned, P * N
-  ~Buffers() {
+  void release() {
     if (d_send) cudaFree(d_send);
     if (d_recv) cudaFree(d_recv);
     if (h_buf) cudaFreeHost(h_buf);
+    d_send = d_recv = h_buf = nullptr;
   }
 };
 
@@ -106,7 +110,9 @@ int gpu_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
   id = rendezvous_blob(env, id, o.timeout);
   const double rdzv_ms = ms_since(t0);
   const auto t1 = Clock::now();
-  NcclCommunicator comm(env.rank, P, id, env.device, o.timeout);
+  // Deliberately not destroyed on the failure path (see Buffers).
+  auto* comm_owned = new NcclCommunicator(env.rank, P, id, env.device, o.timeout);
+  NcclCommunicator& comm = *comm_owned;
   std::printf("%s: device %d (%s), %s, rendezvous %.1f ms via %s, communicator init %.1f ms\n", me.c_str(),
               env.device, prop.name, nccl_version_string().c_str(), rdzv_ms,
               P == 1 ? "(none)" : env.rendezvous.c_str(), ms_since(t1));
@@ -229,6 +235,8 @@ int gpu_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(stream);
+  b.release();
+  delete comm_owned;  // finalize + destroy, bounded by the timeout
   if (mismatches_total) {
     std::fprintf(stderr, "%s: error: %lld bytes differ from the expected gather\n", me.c_str(),
                  static_cast<long long>(mismatches_total));
@@ -273,7 +281,11 @@ int run_nccl_check_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
     std::fprintf(stderr, "%s: error: %s\n", me.c_str(), e.what());
     std::fflush(stdout);
     std::fflush(stderr);
-    return e.code() == ErrorCode::kComm || e.code() == ErrorCode::kCuda ? 1 : 2;
+    const int code = e.code() == ErrorCode::kComm || e.code() == ErrorCode::kCuda ? 1 : 2;
+    // A GPU rank that failed may hold kernels of an aborted communicator: leave without
+    // running CUDA teardown (which could wait for them); the driver reclaims the context.
+    if (!o.host_only) ::_exit(code);
+    return code;
   }
 }
 
