@@ -16,6 +16,7 @@
 #   DSV41KV_SEED            replay the random inputs of an earlier test run
 #   DSV41KV_SAN_FILTER      gtest filter for the sanitizer runs
 #   DSV41KV_BENCH_ITERS     timed repetitions per bench measurement (default 50)
+#   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry (bench-variants.json)
 #   DSV41KV_JOBS            build parallelism (default nproc)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -96,6 +97,13 @@ for r in j["rows"]:
           f"{100*r['copy_fraction']:>6.1f}%{1e3*r['vllm_ms']:>9.2f}{r['speedup_vs_vllm']:>6.2f}x{r['wrong']:>6}")
 print("targets: 256K fused >= 90% copy, >= 1.6x (r2) / 2.5x (r1) vs vLLM; decode fused <= 2.3 us (r1) / 2.9 us (r2)")
 PY
+  fi
+  if [ "${DSV41KV_BENCH_VARIANTS:-1}" = 1 ]; then
+    # the geometry the size rule did not pick: four warps per token at 256K, one warp at decode
+    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload prefill256k --program-warps 4 \
+      > "$OUT/bench-prefill256k-warps4.json" 2>> "$OUT/bench.err" || true
+    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 --program-warps 1 \
+      > "$OUT/bench-decode256-warps1.json" 2>> "$OUT/bench.err" || true
   fi
   return $rc
 }

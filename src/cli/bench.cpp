@@ -37,6 +37,8 @@
 
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
+
+#include "compressor/cuda_tuning.hpp"
 #endif
 
 namespace dsv41kv::cli {
@@ -444,6 +446,7 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
     j["baseline_copy_GBps"] = base.copy_GBps;
     j["iters"] = iters;
     j["decode_layers_per_graph"] = kDecodeLayers;
+    j["program_warps"] = detail::cuda::program_warps_override();
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"workload", r.workload}, {"ratio", r.ratio}, {"record", r.record},
@@ -480,6 +483,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   static int iters = 50;
   static std::string baseline;
   static std::string only;
+  static int program_warps = 0;
   cmd->add_option("--device", device, "cuda (the CPU path is benchmarked by bench/)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_flag("--json", json, "print JSON instead of a table");
@@ -487,6 +491,9 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--baseline", baseline, "vLLM baseline JSON (default: the embedded H200 figures)");
   cmd->add_option("--workload", only, "run one workload only")
       ->check(CLI::IsMember({"decode256", "prefill32k", "prefill256k"}));
+  cmd->add_option("--program-warps", program_warps,
+                  "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
+      ->check(CLI::IsMember({0, 1, 4}));
   cmd->callback([&exit_code] {
     if (device != "cuda") {
       std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/bench)\n",
@@ -495,9 +502,11 @@ void add_bench(CLI::App& app, int& exit_code) {
       return;
     }
 #if defined(DSV41KV_WITH_CUDA)
+    detail::cuda::set_program_warps_override(program_warps);
     exit_code = run_bench(json, iters, baseline, only);
 #else
     (void)json;
+    (void)program_warps;
     std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());
     exit_code = 2;
 #endif

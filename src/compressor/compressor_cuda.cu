@@ -8,13 +8,26 @@
 // table must have 16-byte aligned data pointers (their row strides are multiples of 16 elements
 // or fixed). The ring (arbitrary block stride), caches (arbitrary page strides), slots and the
 // outputs of gather may have any alignment: the kernels test it per row.
+#include <atomic>
 #include <string>
 
 #include "compressor/backend.hpp"
 #include "compressor/cuda_kernels.hpp"
+#include "compressor/cuda_tuning.hpp"
 #include "core/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
+
+namespace {
+std::atomic<int> g_program_warps{0};
+}  // namespace
+void set_program_warps_override(int warps) {
+  if (warps != 0 && warps != 1 && warps != 4)
+    invalid_argument("program warps override: " + std::to_string(warps) + ", expected 0, 1 or 4");
+  g_program_warps.store(warps);
+}
+int program_warps_override() { return g_program_warps.load(std::memory_order_relaxed); }
+
 namespace {
 
 CacheDst make_cache_dst(const CacheView& c) {

@@ -27,6 +27,7 @@
 #pragma once
 
 #include "compressor/cuda_kernels.hpp"
+#include "compressor/cuda_tuning.hpp"
 #include "core/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
@@ -263,7 +264,8 @@ void launch_compress_rg(const CompressParams& p, cudaStream_t stream) {
 
 template <int F>
 void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream) {
-  const bool small = compress_programs(ratio, p.N, p.num_reqs) <= kSmallGridPrograms;
+  const int force = program_warps_override();
+  const bool small = force == 4 || (force != 1 && compress_programs(ratio, p.N, p.num_reqs) <= kSmallGridPrograms);
   if (ratio == 1) {
     if (small) launch_compress_rg<1, 4, F>(p, stream);
     else launch_compress_rg<1, 1, F>(p, stream);
