@@ -3,8 +3,9 @@
 //
 // Bit identity with the CPU reference (SPEC 0.4 item 2) comes from calling the same
 // host/device primitives of numerics.hpp / records.hpp / compress_math.hpp element by element.
-// Three shortcuts replace a primitive by a provably equal computation; each one has a
-// host-side proof test (tests/gpu/test_fast_math.cpp) and an exhaustive device test:
+// Four shortcuts replace a primitive by a provably equal computation; the first three have
+// host-side and exhaustive device tests (tests/gpu/test_fast_math_gpu.cu), all four are covered
+// by the whole-backing CUDA-vs-CPU record tests:
 //   * pool2_fast: the pool2 weights need only one exp32 when one score is the maximum, because
 //     exp32(+-0) == 1 exactly (numerics.hpp); the other branch keeps two exp32 calls.
 //   * e4m3x2_finite: cvt.rn.satfinite.e4m3x2.f32 (sm_89+) for finite inputs is e4m3_encode
@@ -12,6 +13,7 @@
 //     used on finite values). -DDSV41KV_CUDA_SOFT_FP8=1 uses the software encoder instead.
 //   * e2m1_quotient_code: e2m1_encode(div_rn(v, sd)) without the division, by comparing |v|
 //     with the exact products T*sd of the e2m1 decision thresholds T (see the proof below).
+//   * local_amax_bits: a tile's amax and finiteness from one unsigned max of |v| bit patterns.
 //
 // Thread layout used by the writers ("writer layout"): a program (one token) is executed by
 // 512/E threads; thread gt owns the E consecutive dims [E*gt, E*gt + E). E = 16 (one warp per
@@ -250,29 +252,27 @@ struct CacheDst {
   float fp8_inv = 1.0f;             // plain fp8: fp32(1 / sigma), IEEE division on the host
 };
 
-// Reduction of a tile's amax and finiteness over `lanes` consecutive lanes (a power of two
-// dividing 32). Every lane of the warp must call it.
-template <int kLanes>
-__device__ __forceinline__ void tile_reduce(float& amax, bool& finite) {
-  int fin = finite ? 1 : 0;
-#pragma unroll
-  for (int off = 1; off < kLanes; off <<= 1) {
-    amax = num::max_f(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, off));
-    fin &= __shfl_xor_sync(0xFFFFFFFFu, fin, off);
-  }
-  finite = fin != 0;
-}
-
+// Tile amax and finiteness in one integer pass: the largest |v| bit pattern
+// (f2u(v) & 0x7FFFFFFF). For finite values the unsigned order of these patterns is the order of
+// |v|, so u2f(max) is exactly the amax that num::ue8m0_quantize_tile / nvfp4_quantize_tile
+// compute with max_f (their maximum of non-negative finite values, starting from +0); a pattern
+// >= 0x7F800000 means the tile holds an Inf or a NaN (those tiles are poisoned, SPEC 2.6, and
+// their amax is never used).
 template <int E>
-__device__ __forceinline__ void local_amax(const float (&v)[E], float& amax, bool& finite) {
-  amax = 0.0f;
-  finite = true;
+__device__ __forceinline__ uint32_t local_amax_bits(const float (&v)[E]) {
+  uint32_t m = 0;
 #pragma unroll
-  for (int i = 0; i < E; ++i) {
-    finite = finite && num::is_finite(v[i]);
-    amax = num::max_f(amax, num::abs_f(v[i]));
-  }
+  for (int i = 0; i < E; ++i) m = max(m, num::f2u(v[i]) & 0x7FFFFFFFu);
+  return m;
 }
+// Max over `kLanes` consecutive lanes (a power of two dividing 32); every lane must call it.
+template <int kLanes>
+__device__ __forceinline__ uint32_t tile_reduce_bits(uint32_t m) {
+#pragma unroll
+  for (int off = 1; off < kLanes; off <<= 1) m = max(m, __shfl_xor_sync(0xFFFFFFFFu, m, off));
+  return m;
+}
+__device__ __forceinline__ bool bits_finite(uint32_t m) { return m < 0x7F800000u; }
 
 // UE8M0 quantization of this thread's E values of a tile whose reduced amax/finiteness are
 // given: value bytes into w, returns the scale byte (num::ue8m0_quantize_tile, element-wise).
@@ -308,10 +308,9 @@ __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, in
   divmod(slot, c.S, page, r);
   uint8_t* pg = c.base + page * c.page_stride_bytes;
   if constexpr (F == kV4) {
-    float amax;
-    bool fin;
-    local_amax<E>(x, amax, fin);
-    tile_reduce<64 / E>(amax, fin);
+    const uint32_t mb = tile_reduce_bits<64 / E>(local_amax_bits<E>(x));
+    const float amax = num::u2f(mb);
+    const bool fin = bits_finite(mb);
     uint8_t* val = pg + V4Layout::value_offset(c.S, r);
     uint8_t* sc = pg + V4Layout::scale_offset(c.S, r);
     if (d0 < kNopeDim) {
@@ -329,19 +328,17 @@ __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, in
       if (d0 == kNopeDim) sc[7] = 0;
     }
   } else if constexpr (F == kMx) {
-    float amax;
-    bool fin;
-    local_amax<E>(y, amax, fin);
-    tile_reduce<32 / E>(amax, fin);
+    const uint32_t mb = tile_reduce_bits<32 / E>(local_amax_bits<E>(y));
+    const float amax = num::u2f(mb);
+    const bool fin = bits_finite(mb);
     uint32_t w[E / 4];
     const uint8_t sb = ue8m0_thread<E>(y, amax, fin, w);
     store_words<E / 4>(pg + Mxfp8Layout::value_offset(c.S, r) + d0, w);
     if (d0 % 32 == 0) pg[Mxfp8Layout::scale_offset(c.S, r) + d0 / 32] = sb;
   } else if constexpr (F == kNv) {
-    float amax;
-    bool fin;
-    local_amax<E>(y, amax, fin);
-    tile_reduce<16 / E>(amax, fin);
+    const uint32_t mb = tile_reduce_bits<16 / E>(local_amax_bits<E>(y));
+    const float amax = num::u2f(mb);
+    const bool fin = bits_finite(mb);
     uint8_t nib[E];
     uint8_t sb;
     if (!fin) {
