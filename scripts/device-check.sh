@@ -15,6 +15,7 @@
 #   DSV41KV_CONFORMANCE_DIR conformance files (default .devdeps/conformance when present)
 #   DSV41KV_SEED            replay the random inputs of an earlier test run
 #   DSV41KV_SAN_FILTER      gtest filter for the sanitizer runs
+#   DSV41KV_SAN_TIMEOUT     seconds per sanitizer tool (default 270)
 #   DSV41KV_BENCH_ITERS     timed repetitions per bench measurement (default 50)
 #   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry (bench-variants.json)
 #   DSV41KV_JOBS            build parallelism (default nproc)
@@ -25,7 +26,7 @@ mkdir -p "$OUT"
 BUILD=${DSV41KV_DEVICE_BUILD:-build-device}
 JOBS=${DSV41KV_JOBS:-$(nproc)}
 ARCHS=${DSV41KV_CUDA_ARCHS:-90a-real;90-real}
-SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*}
+SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*:PcpGpu.*}
 ITERS=${DSV41KV_BENCH_ITERS:-50}
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 if [ -z "${DSV41KV_CONFORMANCE_DIR:-}" ] && [ -d .devdeps/conformance ]; then
@@ -72,15 +73,20 @@ stage_test() {
 }
 
 stage_sanitize() {
-  local rc=0
-  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 \
-    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/memcheck.log" 2>&1 || rc=1
-  compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
-    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1 || rc=1
-  # synccheck/initcheck are cheap extras: reported, not gating
-  compute-sanitizer --tool synccheck "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/synccheck.log" 2>&1 || true
-  tail -3 "$OUT/memcheck.log" "$OUT/racecheck.log" "$OUT/synccheck.log" > "$OUT/sanitizer-summary.txt" 2>&1
-  return $rc
+  # smaller prefill shapes (still both program geometries) and a time limit per tool, so that the
+  # stage fits one device command; a timeout shows as rc=124 in the summary
+  local rc=0 lim=${DSV41KV_SAN_TIMEOUT:-270}
+  export DSV41KV_GPU_TEST_SMALL=1
+  timeout "$lim" compute-sanitizer --tool memcheck --leak-check full --error-exitcode 99 \
+    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/memcheck.log" 2>&1 || rc=$?
+  note "  memcheck rc=$rc"
+  local rc2=0
+  timeout "$lim" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 99 \
+    "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1 || rc2=$?
+  note "  racecheck rc=$rc2"
+  unset DSV41KV_GPU_TEST_SMALL
+  tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log" > "$OUT/sanitizer-summary.txt" 2>&1
+  [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
 }
 
 stage_bench() {
