@@ -11,7 +11,7 @@
 # Environment:
 #   DSV41KV_CMAKE_ARGS      extra cmake arguments, e.g. -DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix
 #   DSV41KV_DEVICE_BUILD    build folder (default build-device)
-#   DSV41KV_CUDA_ARCHS      CMAKE_CUDA_ARCHITECTURES (default "90a-real;90-real")
+#   DSV41KV_CUDA_ARCHS      CMAKE_CUDA_ARCHITECTURES (default: the project's sm_90a + sm_90 gencode)
 #   DSV41KV_CONFORMANCE_DIR conformance files (default .devdeps/conformance when present)
 #   DSV41KV_SEED            replay the random inputs of an earlier test run
 #   DSV41KV_SAN_FILTER      gtest filter for the sanitizer runs
@@ -25,7 +25,7 @@ OUT=${OUT:-./device-out}
 mkdir -p "$OUT"
 BUILD=${DSV41KV_DEVICE_BUILD:-build-device}
 JOBS=${DSV41KV_JOBS:-$(nproc)}
-ARCHS=${DSV41KV_CUDA_ARCHS:-90a-real;90-real}
+ARCHS=${DSV41KV_CUDA_ARCHS:-}
 SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*:PcpGpu.*}
 ITERS=${DSV41KV_BENCH_ITERS:-50}
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
@@ -58,7 +58,7 @@ stage_build() {
   { nvidia-smi; nvcc --version; cmake --version; ninja --version; } > "$OUT/env.txt" 2>&1
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV41KV_CUDA=ON -DDSV41KV_BENCH=OFF \
-    -DCMAKE_CUDA_ARCHITECTURES="$ARCHS" ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+    ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
   ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli test_gpu > "$OUT/build.log" 2>&1
   local rc=$?
   grep -E "warning|error" "$OUT/build.log" | grep -v "^ninja" | head -50 > "$OUT/build-warnings.txt"
