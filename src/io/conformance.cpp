@@ -10,6 +10,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/numerics.hpp"
@@ -83,13 +85,13 @@ struct FileMeta {
   std::vector<CaseMeta> cases;
 };
 
-const json& need(const json& j, const char* key, const std::string& path, const std::string& where) {
+const json& need(const json& j, const char* key, const std::string& path, std::string_view where) {
   const auto it = j.find(key);
   if (it == j.end() || it->is_null())
     bad_file(path, fmt::format("metadata {}has no key '{}'", where, key));
   return *it;
 }
-int64_t need_int(const json& j, const char* key, const std::string& path, const std::string& where = "",
+int64_t need_int(const json& j, const char* key, const std::string& path, std::string_view where = "",
                  int64_t lo = 0, int64_t hi = std::numeric_limits<int64_t>::max()) {
   const json& v = need(j, key, path, where);
   if (!v.is_number_integer())

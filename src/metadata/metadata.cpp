@@ -82,10 +82,12 @@ void need_optional_count(const char* op, const char* arg, int64_t v) {
   if (v < -1) bad(op, arg, fmt::format("{}, expected -1 (unchecked) or >= 0", v));
 }
 
+#if !defined(DSV41KV_WITH_CUDA)
 [[noreturn]] void no_cuda(const char* op) {
   invalid_argument(fmt::format(
       "{}: the views are on cuda, but dsv41kv was built without CUDA (expected cpu views)", op));
 }
+#endif
 
 int32_t table_at(const TensorView& t, int64_t row, int64_t col) {
   return t.ptr<const int32_t>()[row * t.stride[0] + col * t.stride[1]];
