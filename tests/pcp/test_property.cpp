@@ -3,6 +3,8 @@
 // (P, placement, ratio) from the default (16).
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <cstdlib>
 
 #include "dsv41kv/pcp_sim.hpp"
@@ -150,6 +152,8 @@ struct MutationCase {
   Mutation m;
   const char* first_tensor_prefix;
 };
+// gtest prints parameters of unknown types as raw bytes; name the mutation instead.
+void PrintTo(const MutationCase& c, std::ostream* os) { *os << mutation_name(c.m); }
 
 class PcpMutation : public ::testing::TestWithParam<std::tuple<MutationCase, int>> {};
 
