@@ -52,6 +52,14 @@ class Communicator {
 class ThreadGroup {
  public:
   explicit ThreadGroup(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // buffers == Device::CUDA: the ranks' all_gather also accepts device buffers (CUDA builds
+  // only; E8 otherwise). A test/simulation communicator for P ranks sharing one process (and
+  // typically one GPU), not a production path: each rank synchronises ctx.stream before
+  // publishing its send pointer (so the peers' producers are complete), then copies every
+  // rank's segment into its recv with cudaMemcpyAsync on ctx.stream and synchronises it again
+  // before the closing rendezvous (so no send buffer is reused while a peer still reads it).
+  // Host buffers keep working (Device::CPU).
+  ThreadGroup(int size, Device buffers, std::chrono::milliseconds timeout = std::chrono::seconds(60));
   ~ThreadGroup();
   ThreadGroup(const ThreadGroup&) = delete;
   ThreadGroup& operator=(const ThreadGroup&) = delete;

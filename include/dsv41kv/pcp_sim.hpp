@@ -70,6 +70,12 @@ struct SimConfig {
   Mutation mutation = Mutation::kNone;
   int64_t num_speculative_tokens = 0;  // E6 with P > 1
   float eps = 1e-6f;
+  // Where the ranks' steps run. CUDA: every rank's ring, compressed caches and latents live on
+  // GPU `cuda_device` (pcp_step_cuda.hpp: DeviceRank, pcp_layer_step_cuda; in-process ranks
+  // gather through ThreadGroup(P, Device::CUDA)); the references stay on the CPU and the
+  // host-side checks see the GPU's bytes, copied back after every step.
+  Device device = Device::CPU;
+  int cuda_device = 0;
 };
 
 struct Mismatch {
@@ -89,6 +95,7 @@ struct StepReport {
   std::vector<CommVolume> volume;          // per rank: keys, positions, rows, latents, replaced
   std::vector<uint64_t> measured_received; // per rank: the communicator's counter delta
   std::vector<uint64_t> measured_sent;
+  std::vector<double> device_ms;           // per rank (device CUDA): the layer step on the GPU
   // Coverage of the step (summed over ranks): chunks whose odd first position found its
   // predecessor among the gathered last rows / had to read the ring; ring rows written by
   // save_ring_rows on rank 0; tokens of null-block requests; masked replica rows.
@@ -107,7 +114,13 @@ struct CheckStats {
 class Simulation {
  public:
   // E6 for P > 1 with speculative tokens; E8 for bad configs.
-  Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference);
+  //
+  // With `external` (a communicator of size P, e.g. NcclCommunicator in one process per GPU),
+  // this process runs only rank external->rank() over it (every rank still plans every rank on
+  // the CPU); with_reference must then be false (check_step needs every rank: compare the rank
+  // with compare_rank against an all-rank simulation of the same workload instead).
+  Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference,
+             Communicator* external = nullptr);
   ~Simulation();
   Simulation(const Simulation&) = delete;
   Simulation& operator=(const Simulation&) = delete;
@@ -120,6 +133,13 @@ class Simulation {
   // SPEC 7.8 after the last run step (needs with_reference): returns the first difference
   // (order: link, latents, caches, rings) and accumulates element statistics into `stats`.
   std::optional<Mismatch> check_step(CheckStats* stats = nullptr) const;
+  // The rank this process runs (external communicator), or -1 when it runs all P ranks.
+  int local_rank() const;
+  // After the same step of both: this simulation's rank(s) (local_rank(), or all) against the
+  // same rank of `other` (same workload, config and P; e.g. a CPU all-rank run), byte for byte:
+  // link (ring write slots, predecessor lookups), latents of closing tokens with a valid slot,
+  // every compressed-cache byte, the whole ring. Returns the first difference.
+  std::optional<Mismatch> compare_rank(const Simulation& other, CheckStats* stats = nullptr) const;
 
  private:
   struct Impl;

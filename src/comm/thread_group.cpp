@@ -12,6 +12,10 @@
 
 #include "dsv41kv/comm.hpp"
 
+#if defined(DSV41KV_WITH_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 namespace dsv41kv {
 
 namespace {
@@ -33,6 +37,7 @@ struct ThreadGroup::State {
   std::vector<const void*> send_ptr;
   std::vector<size_t> send_bytes;
   std::vector<std::unique_ptr<Communicator>> comms;
+  bool device_buffers = false;  // all_gather also accepts Device::CUDA buffers
 
   void reset_locked() {
     arrived = 0;
@@ -104,17 +109,23 @@ class RankComm final : public Communicator {
   RankComm(ThreadGroup::State* s, int rank) : s_(s), rank_(rank) {}
   int rank() const override { return rank_; }
   int size() const override { return s_->P; }
-  bool supports(Device device) const override { return device == Device::CPU; }
+  bool supports(Device device) const override {
+    return device == Device::CPU || (device == Device::CUDA && s_->device_buffers);
+  }
 
   void all_gather(const void* send, size_t bytes_per_rank, void* recv, Device device,
-                  const ExecContext& /*ctx*/) override {
-    if (device != Device::CPU)
+                  const ExecContext& ctx) override {
+    if (!supports(device))
       invalid_argument(fmt::format(
-          "all_gather: buffers on {}: ThreadGroup gathers host buffers only (expected cpu)",
+          "all_gather: buffers on {}: this ThreadGroup gathers host buffers only (expected cpu; "
+          "construct it with Device::CUDA for device buffers)",
           device_name(device)));
     if (bytes_per_rank > 0 && (send == nullptr || recv == nullptr))
       invalid_argument(fmt::format("all_gather: rank {}: null send/recv with bytes_per_rank {}",
                                    rank_, bytes_per_rank));
+    const bool on_device = device == Device::CUDA;
+    // Device buffers: this rank's producers of `send` must be complete before a peer reads it.
+    if (on_device) cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize (before publish)");
     {
       std::lock_guard<std::mutex> lk(s_->m);
       s_->send_ptr[static_cast<size_t>(rank_)] = send;
@@ -137,8 +148,14 @@ class RankComm final : public Communicator {
     for (int k = 0; k < s_->P; ++k) {
       const void* src = s_->send_ptr[static_cast<size_t>(k)];
       unsigned char* dst = out + static_cast<size_t>(k) * bytes_per_rank;
-      if (bytes_per_rank > 0 && src != dst) std::memcpy(dst, src, bytes_per_rank);
+      if (bytes_per_rank == 0 || src == dst) continue;
+      if (on_device)
+        cuda(cudaMemcpyAsync(dst, src, bytes_per_rank, cudaMemcpyDefault, stream_of(ctx)), "cudaMemcpyAsync");
+      else
+        std::memcpy(dst, src, bytes_per_rank);
     }
+    // Device buffers: the copies out of the peers' send buffers are done before they move on.
+    if (on_device) cuda(cudaStreamSynchronize(stream_of(ctx)), "cudaStreamSynchronize (after copies)");
     s_->barrier(rank_, "all_gather (complete)");
     counters_.calls += 1;
     counters_.bytes_sent += bytes_per_rank;
@@ -149,6 +166,28 @@ class RankComm final : public Communicator {
   Counters counters() const override { return counters_; }
 
  private:
+#if defined(DSV41KV_WITH_CUDA)
+  static cudaStream_t stream_of(const ExecContext& ctx) { return static_cast<cudaStream_t>(ctx.stream); }
+  void cuda(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    // Leave the group so that the peers fail instead of waiting for this rank.
+    const std::string msg = fmt::format("rank {}: all_gather: {}: {}", rank_, what, cudaGetErrorString(e));
+    {
+      std::lock_guard<std::mutex> lk(s_->m);
+      s_->abort_locked(rank_, msg);
+    }
+    fail(ErrorCode::kCuda, msg);
+  }
+#else
+  static void* stream_of(const ExecContext& ctx) { return ctx.stream; }
+  template <class... A>
+  static int cudaStreamSynchronize(A...) { return 0; }
+  template <class... A>
+  static int cudaMemcpyAsync(A...) { return 0; }
+  static constexpr int cudaMemcpyDefault = 0;
+  void cuda(int, const char*) {}
+#endif
+
   ThreadGroup::State* s_;
   int rank_;
   Counters counters_;
@@ -168,6 +207,17 @@ ThreadGroup::ThreadGroup(int size, std::chrono::milliseconds timeout) : state_(n
   state_->send_ptr.assign(static_cast<size_t>(size), nullptr);
   state_->send_bytes.assign(static_cast<size_t>(size), 0);
   for (int k = 0; k < size; ++k) state_->comms.emplace_back(new RankComm(state_.get(), k));
+}
+
+ThreadGroup::ThreadGroup(int size, Device buffers, std::chrono::milliseconds timeout)
+    : ThreadGroup(size, timeout) {
+  if (buffers == Device::CUDA) {
+#if defined(DSV41KV_WITH_CUDA)
+    state_->device_buffers = true;
+#else
+    invalid_argument("ThreadGroup: buffers = cuda: dsv41kv was built without CUDA (DSV41KV_CUDA=OFF)");
+#endif
+  }
 }
 
 ThreadGroup::~ThreadGroup() = default;

@@ -10,6 +10,7 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/pcp_sim.hpp"
+#include "dsv41kv/pcp_step_cuda.hpp"
 #include "pcp/rng.hpp"
 
 namespace dsv41kv::pcp {
@@ -87,6 +88,8 @@ struct RankState {
   LayerStepResult result;
   CommVolume volume;
   uint64_t measured_sent = 0, measured_received = 0;
+  std::unique_ptr<DeviceRank> dev;  // device CUDA: this rank's state on the GPU
+  double device_ms = 0;
 };
 
 struct RefState {
@@ -117,6 +120,9 @@ struct Simulation::Impl {
   int64_t rope_rows = 0;
   std::vector<uint16_t> norm_w;
   std::unique_ptr<ThreadGroup> group;
+  Communicator* external = nullptr;  // this process runs only rank only_rank over it
+  int only_rank = -1;
+  bool local(int k) const { return only_rank < 0 || k == only_rank; }
   std::vector<RankState> ranks;
   RefState ref;
   int64_t next_step = 0;
@@ -150,7 +156,8 @@ struct Simulation::Impl {
         if (with_ref) std::memcpy(ref.ring_tail.data() + off, row.data(), sizeof(float) * kRingRowFloats);
         if (!open) continue;
         if (with_ref) std::memcpy(ref.ring_open.data() + off, row.data(), sizeof(float) * kRingRowFloats);
-        for (auto& rs : ranks) std::memcpy(rs.ring.data() + off, row.data(), sizeof(float) * kRingRowFloats);
+        for (auto& rs : ranks)
+          if (!rs.ring.empty()) std::memcpy(rs.ring.data() + off, row.data(), sizeof(float) * kRingRowFloats);
       }
     }
   }
@@ -172,9 +179,22 @@ struct Simulation::Impl {
   void run_rank(Communicator& comm);
 };
 
-Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference)
+Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference,
+                       Communicator* external)
     : impl_(new Impl) {
   Impl& m = *impl_;
+  if (external) {
+    if (external->size() != P)
+      invalid_argument(fmt::format("simulation: external communicator of size {} with P = {} (expected equal)",
+                                   external->size(), P));
+    if (with_reference)
+      invalid_argument("simulation: with_reference and an external communicator (expected one of them: the "
+                       "references need every rank)");
+    m.external = external;
+    m.only_rank = external->rank();
+  }
+  if (cfg.device != Device::CPU && cfg.device != Device::CUDA)
+    invalid_argument(fmt::format("simulation: device {} (expected cpu or cuda)", device_name(cfg.device)));
   if (cfg.ratio != 1 && cfg.ratio != 2)
     fail(ErrorCode::kCompressorRatio, fmt::format("simulation: ratio = {} (expected 1 or 2)", cfg.ratio));
   if (P < 1 || P > 64) invalid_argument(fmt::format("simulation: P = {} (expected 1..64)", P));
@@ -237,9 +257,12 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
 
   const size_t ring_floats = static_cast<size_t>(m.ring_blocks * m.cap) * kRingRowFloats;
   m.ranks.resize(static_cast<size_t>(P));
-  for (auto& rs : m.ranks) {
+  for (int k = 0; k < P; ++k) {
+    if (!m.local(k)) continue;
+    RankState& rs = m.ranks[static_cast<size_t>(k)];
     if (cfg.ratio == 2) rs.ring.assign(ring_floats, kRingCanary);
     rs.caches = make_caches(cfg.formats, m.num_pages, m.S);
+    if (cfg.device == Device::CUDA) rs.dev = std::make_unique<DeviceRank>(cfg.cuda_device);
   }
   if (with_reference) {
     if (cfg.ratio == 2) {
@@ -251,7 +274,9 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   m.seed_rings();
   m.computed.resize(w.requests.size());
   for (size_t i = 0; i < w.requests.size(); ++i) m.computed[i] = w.requests[i].start;
-  m.group = std::make_unique<ThreadGroup>(P);
+  if (!external)
+    m.group = cfg.device == Device::CUDA ? std::make_unique<ThreadGroup>(P, Device::CUDA)
+                                         : std::make_unique<ThreadGroup>(P);
 }
 
 Simulation::~Simulation() = default;
@@ -402,7 +427,10 @@ void Simulation::Impl::run_rank(Communicator& comm) {
 
   // Positions are gathered once per step (SPEC 7.6).
   std::vector<int64_t> gpos(static_cast<size_t>(P * padded));
-  comm.all_gather(positions.data(), positions.size() * sizeof(int64_t), gpos.data());
+  if (rs.dev)
+    rs.dev->all_gather_host(comm, positions.data(), positions.size() * sizeof(int64_t), gpos.data());
+  else
+    comm.all_gather(positions.data(), positions.size() * sizeof(int64_t), gpos.data());
   if (gpos != plan.gathered_positions)
     fail(ErrorCode::kComm, fmt::format("rank {}: gathered positions differ from the plan", k));
 
@@ -428,7 +456,12 @@ void Simulation::Impl::run_rank(Communicator& comm) {
   a.gathered_latent = TensorView::contiguous(rs.gathered_latent.data(), DType::BF16, {P * padded, kLatentDim});
   a.mutation = cfg.mutation;
   a.exec.num_threads = 1;
-  rs.result = pcp_layer_step(a, comm);
+  if (rs.dev) {
+    rs.result = rs.dev->step(a, comm);
+    rs.device_ms = rs.dev->last_step_ms();
+  } else {
+    rs.result = pcp_layer_step(a, comm);
+  }
   rs.volume = rs.result.volume;
   rs.volume.positions_sent = static_cast<uint64_t>(padded) * 8;
   rs.volume.positions_received = static_cast<uint64_t>(P * padded) * 8;
@@ -478,7 +511,10 @@ StepReport Simulation::run_step(int64_t i) {
     build_compressed_slots(a);
   }
 
-  m.group->run([&m](Communicator& comm) { m.run_rank(comm); });
+  if (m.external)
+    m.run_rank(*m.external);
+  else
+    m.group->run([&m](Communicator& comm) { m.run_rank(comm); });
   if (m.with_ref) m.run_reference();
   for (const auto& s : m.sreqs) m.computed[static_cast<size_t>(s.id)] = s.req.num_computed + s.req.query_len;
   m.next_step = i + 1;
@@ -489,7 +525,7 @@ StepReport Simulation::run_step(int64_t i) {
   rep.num_tokens = m.plan.num_global_tokens;
   for (const auto& s : m.sreqs) rep.num_decodes += s.req.is_prefilling ? 0 : 1;
   rep.padded = m.plan.padded;
-  rep.num_rows = m.cfg.ratio == 2 ? m.ranks[0].result.link.num_rows : 0;
+  rep.num_rows = m.cfg.ratio == 2 ? m.ranks[static_cast<size_t>(std::max(m.only_rank, 0))].result.link.num_rows : 0;
   rep.tokens_per_rank = m.plan.tokens_per_rank();
   for (size_t k = 0; k < m.ranks.size(); ++k) {
     const RankState& rs = m.ranks[k];
@@ -504,7 +540,7 @@ StepReport Simulation::run_step(int64_t i) {
         if (L.prev_row_indices[static_cast<size_t>(j)] >= 0) ++rep.prev_from_gathered;
         else ++rep.prev_from_ring;
       }
-      if (k == 0)
+      if (static_cast<int>(k) == std::max(m.only_rank, 0))
         for (int64_t ws : L.ring_write_slots) rep.ring_writes += ws >= 0 ? 1 : 0;
     }
     for (int64_t t = 0; t < rb.num_tokens; ++t) {
@@ -516,6 +552,7 @@ StepReport Simulation::run_step(int64_t i) {
     rep.volume.push_back(rs.volume);
     rep.measured_sent.push_back(rs.measured_sent);
     rep.measured_received.push_back(rs.measured_received);
+    rep.device_ms.push_back(rs.device_ms);
   }
   return rep;
 }
@@ -718,6 +755,64 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
                             p % m.cap, !vs_tail ? "differs from the tail-policy ring" : "differs from its kv_score row"));
       }
     }
+  }
+  if (stats) *stats += ck.st;
+  return ck.first;
+}
+
+int Simulation::local_rank() const { return impl_->only_rank; }
+
+std::optional<Mismatch> Simulation::compare_rank(const Simulation& other, CheckStats* stats) const {
+  const Impl& m = *impl_;
+  const Impl& o = *other.impl_;
+  if (m.P != o.P || m.cfg.ratio != o.cfg.ratio || m.cfg.formats.size() != o.cfg.formats.size() ||
+      m.w.steps.size() != o.w.steps.size())
+    invalid_argument(fmt::format("compare_rank: simulations differ in P ({} vs {}), ratio, formats or workload "
+                                 "(expected the same run)", m.P, o.P));
+  if (m.next_step == 0 || m.next_step != o.next_step)
+    invalid_argument(fmt::format("compare_rank: at steps {} and {} (expected the same step, after one ran)",
+                                 m.next_step, o.next_step));
+  Checker ck{m.next_step - 1, {}, {}};
+  const StepPlan& plan = m.plan;
+  for (int k = 0; k < m.P; ++k) {
+    if (!m.local(k)) continue;
+    if (!o.local(k))
+      invalid_argument(fmt::format("compare_rank: rank {} does not run in the other simulation", k));
+    const RankState& rs = m.ranks[static_cast<size_t>(k)];
+    const RankState& os = o.ranks[static_cast<size_t>(k)];
+    if (m.cfg.ratio == 2) {
+      ck.compare(rs.result.link.ring_write_slots, os.result.link.ring_write_slots, k, "link.ring_write_slots",
+                 ck.st.link_entries, ck.st.link_mismatched);
+      ck.compare(rs.result.link.prev_row_indices, os.result.link.prev_row_indices, k, "link.prev_row_indices",
+                 ck.st.link_entries, ck.st.link_mismatched);
+    }
+    // Latents of closing tokens with a valid slot (the rows compress writes).
+    const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
+    for (int64_t i = 0; i < rb.num_tokens; ++i) {
+      const int64_t p = rb.positions[static_cast<size_t>(i)];
+      if ((p + 1) % m.cfg.ratio != 0) continue;
+      const bool valid = m.cfg.ratio == 2
+                             ? rs.ring_slots[static_cast<size_t>(i)] >= 0
+                             : m.gathered_cslots[static_cast<size_t>(k * plan.padded + i)] >= 0;
+      if (!valid) continue;
+      ck.st.latent_elements += kLatentDim;
+      const uint16_t* got = rs.latent.data() + i * kLatentDim;
+      const uint16_t* want = os.latent.data() + i * kLatentDim;
+      if (std::memcmp(got, want, kLatentDim * 2) == 0) continue;
+      int64_t d0 = -1;
+      for (int d = 0; d < kLatentDim; ++d)
+        if (got[d] != want[d]) {
+          ++ck.st.latent_mismatched;
+          if (d0 < 0) d0 = d;
+        }
+      ck.note(k, "latent", i * kLatentDim + d0,
+              fmt::format("local token {} (position {}) dim {}: 0x{:04x} vs 0x{:04x}", i, p, d0, got[d0], want[d0]));
+    }
+    for (size_t f = 0; f < m.cfg.formats.size(); ++f)
+      ck.compare(rs.caches.backing[f], os.caches.backing[f], k,
+                 fmt::format("cache[{}]", record_info(m.cfg.formats[f]).name), ck.st.cache_bytes,
+                 ck.st.cache_mismatched);
+    if (m.cfg.ratio == 2) ck.compare(rs.ring, os.ring, k, "ring", ck.st.ring_floats, ck.st.ring_mismatched);
   }
   if (stats) *stats += ck.st;
   return ck.first;
