@@ -3,15 +3,31 @@
 // replaced all-gather design and, with --verify, checks SPEC 7.8 at every step against the
 // single-rank runs. Exit codes: 0 identical (or no --verify), 1 a difference (the first one is
 // printed), 2 bad flags or arguments.
+//
+// --device cuda: every rank's ring, caches and latents on the GPU (P ranks as threads sharing
+// GPU 0); --verify checks the GPU's bytes (copied back) against the CPU single-rank references.
+// --launch local (with --device cuda, one P): P worker processes of this binary, one per GPU,
+// each with an NcclCommunicator, running only its own rank; each verifies its rank against a CPU
+// run of every rank of the same workload computed in the worker (itself checked against the
+// single-rank references, SPEC 7.8) and prints its time per step (CUDA events) and the bytes its
+// communicator moved beside the replaced all-gather design.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "comm/launcher.hpp"
+#include "comm/nccl_selftest.hpp"
+#include "comm/rendezvous.hpp"
 #include "dsv41kv/common.hpp"
+#include "dsv41kv/device.hpp"
+#include "dsv41kv/nccl_comm.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/records.hpp"
 
@@ -38,6 +54,11 @@ struct RunOptions {
   bool json = false;
   bool verify = false;
   std::string mutation = "none";  // hidden, test-only
+  std::string device = "cpu";
+  std::string launch = "none";
+  std::string rendezvous = "tcp";
+  double timeout_s = 120;
+  double max_runtime_s = 1800;
 };
 
 int64_t parse_int(const std::string& s, const char* flag) {
@@ -105,6 +126,9 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
           {"replaced_allgather_received", v.replaced_received}};
 }
 
+int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
+int launch_workers(const RunOptions& o, int P);
+
 int run_command(const RunOptions& o) {
   pcp::WorkloadConfig wc;
   wc.seed = o.seed;
@@ -134,6 +158,31 @@ int run_command(const RunOptions& o) {
                        "speculative decoding: under PCP the ring keeps only the open row",
                        P, o.num_spec));
   const pcp::Workload w = pcp::generate_workload(wc);
+  const bool on_gpu = o.device == "cuda";
+  if (on_gpu) {
+    sc.device = Device::CUDA;
+    if (!cuda_device_available()) {
+      std::fprintf(stderr, "dsv41kv: run --device cuda: no usable GPU: %s (run without --device, or on a machine "
+                           "with a CUDA device)\n", cuda_device_description().c_str());
+      return 2;
+    }
+    if (sc.mutation == pcp::Mutation::kReverseTieBreak)
+      invalid_argument("--mutation reverse-tie-break with --device cuda: the device link's sort is stable by "
+                       "gathered index (expected --device cpu)");
+  }
+  if (o.launch == "local") {
+    if (!on_gpu) invalid_argument("--launch local needs --device cuda (one worker process per GPU)");
+    if (ps.size() != 1)
+      invalid_argument(fmt::format("--launch local with --pcp {}: one P per launch (expected a single P)", o.pcp));
+    if (o.json) invalid_argument("--launch local with --json: the workers print text (expected no --json)");
+    if (auto env = comm::worker_env_from_environment()) {
+      if (env->world != ps[0])
+        invalid_argument(fmt::format("--pcp {} but the environment says world size {} ({})", ps[0], env->world,
+                                     env->source));
+      return run_worker(o, *env, sc, w);
+    }
+    return launch_workers(o, ps[0]);
+  }
 
   int64_t total_tokens = 0;
   for (const auto& st : w.steps)
@@ -150,6 +199,7 @@ int run_command(const RunOptions& o) {
                      {"tokens", total_tokens},       {"ratio", sc.ratio},
                      {"formats", fmt_names},         {"decode_placement", o.placement},
                      {"verify", o.verify}};
+  out["workload"]["device"] = o.device;
   out["runs"] = nlohmann::json::array();
   if (!o.json)
     fmt::print("workload: seed {}, {} requests, prompt {}..{}, start {}..{}, {} decode steps, budget {}, "
@@ -157,6 +207,8 @@ int run_command(const RunOptions& o) {
                wc.seed, wc.num_requests, wc.prompt_min, wc.prompt_max, wc.start_min, wc.start_max,
                wc.decode_steps, wc.chunk_budget, wc.max_num_seqs, w.steps.size(), total_tokens,
                sc.ratio, fmt_names, o.placement);
+  if (!o.json && on_gpu)
+    fmt::print("device: cuda ({}); P ranks as threads sharing GPU 0\n", cuda_device_description());
 
   bool any_mismatch = false;
   for (int P : ps) {
@@ -164,9 +216,9 @@ int run_command(const RunOptions& o) {
     nlohmann::json run = {{"P", P}, {"steps", nlohmann::json::array()}};
     if (!o.json) {
       fmt::print("\nP = {}  (bytes per rank per step; every rank moves the same volume: all-gathers)\n", P);
-      fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}\n",
+      fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
                  "step", "reqs", "tokens", "padded", "rows", "keys", "positions", "last rows",
-                 "latents", "sent", "received", "kv all-gath", "ratio");
+                 "latents", "sent", "received", "kv all-gath", "ratio", on_gpu ? "  gpu ms" : "");
     }
     pcp::CommVolume sum;
     for (const auto& s : res.steps) {
@@ -187,14 +239,17 @@ int run_command(const RunOptions& o) {
         rk["measured_received"] = s.measured_received[k];
         js["ranks"].push_back(rk);
       }
+      const double gpu_ms = s.device_ms.empty() ? 0.0 : *std::max_element(s.device_ms.begin(), s.device_ms.end());
+      if (on_gpu) js["gpu_ms_max_over_ranks"] = gpu_ms;
       run["steps"].push_back(js);
       if (!o.json)
-        fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}\n",
+        fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
                    s.step, s.num_reqs, s.num_tokens, s.padded, s.num_rows, human_bytes(v.keys_received),
                    human_bytes(v.positions_received), human_bytes(v.rows_received),
                    human_bytes(v.latents_received), human_bytes(v.sent()), human_bytes(v.received()),
                    v.replaced_received ? human_bytes(v.replaced_received) : "-",
-                   v.replaced_received ? fmt::format("{:.3f}", ratio) : "-");
+                   v.replaced_received ? fmt::format("{:.3f}", ratio) : "-",
+                   on_gpu ? fmt::format(" {:>7.3f}", gpu_ms) : "");
     }
     const double total_ratio = sum.replaced_received
                                    ? static_cast<double>(sum.keys_received + sum.rows_received) /
@@ -226,17 +281,157 @@ int run_command(const RunOptions& o) {
         const auto& mm = *res.first_mismatch;
         run["verify"]["first_difference"] = {{"step", mm.step}, {"rank", mm.rank}, {"tensor", mm.tensor},
                                              {"index", mm.index}, {"detail", mm.detail}};
-        if (!o.json) fmt::print("verify P={}: DIFFERENCE at {}\n", P, mm.to_string());
+        if (!o.json) fmt::print("verify P={}{}: DIFFERENCE at {}\n", P, on_gpu ? " (cuda)" : "", mm.to_string());
       } else if (!o.json) {
-        fmt::print("verify P={}: identical to P=1 at all {} steps (latents {} elements, compressed caches "
+        fmt::print("verify P={}{}: identical to P=1 at all {} steps (latents {} elements, compressed caches "
                    "{} bytes, rings {} floats, link {} entries compared)\n",
-                   P, res.steps.size(), st.latent_elements, st.cache_bytes, st.ring_floats, st.link_entries);
+                   P, on_gpu ? " (cuda, every rank on the GPU vs the CPU single-rank references)" : "",
+                   res.steps.size(), st.latent_elements, st.cache_bytes, st.ring_floats, st.link_entries);
       }
     }
     out["runs"].push_back(run);
   }
   if (o.json) fmt::print("{}\n", out.dump(2));
   return any_mismatch ? 1 : 0;
+}
+
+// One worker of --launch local: rank env.rank of P over NCCL on GPU env.device.
+int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc_in,
+                    const pcp::Workload& w) {
+  const int P = env.world, r = env.rank;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+  std::vector<uint8_t> id = r == 0 ? NcclCommunicator::create_unique_id() : std::vector<uint8_t>{};
+  if (P > 1) id = comm::rendezvous(comm::parse_rendezvous_address(env.rendezvous), r, P, id, timeout);
+  NcclCommunicator nccl(r, P, id, env.device, timeout);
+  pcp::SimConfig sc = sc_in;
+  sc.device = Device::CUDA;
+  sc.cuda_device = env.device;
+  pcp::Simulation mine(sc, w, P, /*with_reference=*/false, &nccl);
+  // The reference: every rank of the same workload on the CPU in this process (ThreadGroup),
+  // itself checked against the single-rank runs of SPEC 7.8 at every step.
+  std::unique_ptr<pcp::Simulation> ref;
+  if (o.verify) {
+    pcp::SimConfig rc = sc_in;
+    rc.device = Device::CPU;
+    ref = std::make_unique<pcp::Simulation>(rc, w, P, /*with_reference=*/true);
+  }
+  std::printf("rank %d/%d: GPU %d, NCCL %s, %lld steps%s\n", r, P, env.device, nccl_version_string().c_str(),
+              static_cast<long long>(mine.num_steps()),
+              o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
+  std::printf("rank %d/%d: %4s %6s %6s %5s %9s %12s %12s %12s %12s %12s\n", r, P, "step", "tokens", "padded", "rows",
+              "gpu ms", "nccl sent", "nccl recv", "expect sent", "expect recv", "kv all-gath");
+  std::fflush(stdout);
+  pcp::CheckStats own, spec;
+  uint64_t tot_sent = 0, tot_recv = 0;
+  pcp::CommVolume tot_exp;
+  double tot_ms = 0;
+  std::optional<pcp::Mismatch> first;
+  int64_t steps_run = 0;
+  for (int64_t i = 0; i < mine.num_steps(); ++i) {
+    const pcp::StepReport rep = mine.run_step(i);
+    ++steps_run;
+    const size_t k = static_cast<size_t>(r);
+    const pcp::CommVolume& v = rep.volume[k];
+    tot_sent += rep.measured_sent[k];
+    tot_recv += rep.measured_received[k];
+    tot_exp += v;
+    tot_ms += rep.device_ms[k];
+    std::printf("rank %d/%d: %4lld %6lld %6lld %5lld %9.3f %12s %12s %12s %12s %12s\n", r, P,
+                static_cast<long long>(rep.step), static_cast<long long>(rep.num_tokens),
+                static_cast<long long>(rep.padded), static_cast<long long>(rep.num_rows), rep.device_ms[k],
+                human_bytes(rep.measured_sent[k]).c_str(), human_bytes(rep.measured_received[k]).c_str(),
+                human_bytes(v.sent()).c_str(), human_bytes(v.received()).c_str(),
+                v.replaced_received ? human_bytes(v.replaced_received).c_str() : "-");
+    if (rep.measured_sent[k] != v.sent() || rep.measured_received[k] != v.received()) {
+      if (!first)
+        first = pcp::Mismatch{i, r, "nccl counters",
+                              0,
+                              fmt::format("moved sent {} / received {} bytes, SPEC 7.7 expects {} / {}",
+                                          rep.measured_sent[k], rep.measured_received[k], v.sent(), v.received())};
+    }
+    if (ref) {
+      ref->run_step(i);
+      if (auto mm = ref->check_step(&spec); mm && !first) first = mm;
+      if (auto mm = mine.compare_rank(*ref, &own); mm && !first) first = mm;
+    }
+    std::fflush(stdout);
+    if (first) break;
+  }
+  std::printf("rank %d/%d: total over %lld steps: gpu %.3f ms (%.3f ms/step), NCCL moved sent %s received %s "
+              "(SPEC 7.7: %s / %s); replaced kv_score all-gather %s\n",
+              r, P, static_cast<long long>(steps_run), tot_ms, steps_run ? tot_ms / static_cast<double>(steps_run) : 0.0,
+              human_bytes(tot_sent).c_str(), human_bytes(tot_recv).c_str(), human_bytes(tot_exp.sent()).c_str(),
+              human_bytes(tot_exp.received()).c_str(),
+              tot_exp.replaced_received ? human_bytes(tot_exp.replaced_received).c_str() : "- (ratio 1)");
+  if (first) {
+    std::printf("rank %d/%d: verify: DIFFERENCE at %s\n", r, P, first->to_string().c_str());
+    std::fflush(stdout);
+    return 1;
+  }
+  if (o.verify)
+    std::printf("rank %d/%d: verify: identical at all %lld steps: this rank (GPU, NCCL) == the same rank of the CPU "
+                "run (latents %llu elements, caches %llu bytes, ring %llu floats, link %llu entries), and the CPU "
+                "run == the single-rank references (SPEC 7.8: latents %llu, caches %llu bytes, rings %llu floats)\n",
+                r, P, static_cast<long long>(steps_run), static_cast<unsigned long long>(own.latent_elements),
+                static_cast<unsigned long long>(own.cache_bytes), static_cast<unsigned long long>(own.ring_floats),
+                static_cast<unsigned long long>(own.link_entries),
+                static_cast<unsigned long long>(spec.latent_elements),
+                static_cast<unsigned long long>(spec.cache_bytes), static_cast<unsigned long long>(spec.ring_floats));
+  std::fflush(stdout);
+  return 0;
+}
+
+int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w) {
+  int code = 1;
+  try {
+    code = run_worker_impl(o, env, sc, w);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d/%d: error: %s\n", env.rank, env.world, e.what());
+    code = 1;
+  }
+  // Leave without CUDA/NCCL teardown: a failed rank may have device work stuck on a dead peer
+  // (the communicator already aborted or finalized above when it was destroyed).
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::_exit(code);
+}
+
+int launch_workers(const RunOptions& o, int P) {
+  if (!nccl_available()) {
+    std::fprintf(stderr, "dsv41kv: run --launch local: this build has no NCCL (%s): configure with CUDA and NCCL "
+                         "(DSV41KV_NCCL=ON), or run the ranks in one process (no --launch)\n",
+                 nccl_version_string().c_str());
+    return 2;
+  }
+  std::string why;
+  const int gpus = comm::visible_cuda_devices(&why);
+  if (gpus < P) {
+    std::fprintf(stderr, "dsv41kv: run --launch local --pcp %d needs %d GPUs (one per rank), %d visible%s%s\n", P, P,
+                 gpus, why.empty() ? "" : ": ", why.c_str());
+    return 2;
+  }
+  comm::LaunchOptions lo;
+  lo.world = P;
+  lo.rendezvous = o.rendezvous;
+  lo.failure_grace = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)) + std::chrono::seconds(10);
+  lo.max_runtime = std::chrono::milliseconds(static_cast<int64_t>(o.max_runtime_s * 1000));
+  lo.argv = {comm::self_executable(), "run", "--pcp", std::to_string(P), "--device", "cuda", "--launch", "local",
+             "--timeout", fmt::format("{}", o.timeout_s), "--steps", std::to_string(o.steps),
+             "--requests", std::to_string(o.requests), "--prompt-len", o.prompt_len, "--start", o.start,
+             "--decode-steps", std::to_string(o.decode_steps), "--chunk-budget", std::to_string(o.chunk_budget),
+             "--max-num-seqs", std::to_string(o.max_num_seqs), "--decode-placement", o.placement,
+             "--seed", std::to_string(o.seed), "--format", o.format, "--ratio", std::to_string(o.ratio),
+             "--null-fraction", fmt::format("{}", o.null_fraction), "--graph-pad", std::to_string(o.graph_pad),
+             "--states-per-page", std::to_string(o.states_per_page),
+             "--num-speculative-tokens", std::to_string(o.num_spec), "--mutation", o.mutation};
+  if (o.verify) lo.argv.push_back("--verify");
+  std::printf("run: launching %d worker(s), one per GPU, NCCL %s, rendezvous %s, timeout %g s\n", P,
+              nccl_version_string().c_str(), o.rendezvous.c_str(), o.timeout_s);
+  std::fflush(stdout);
+  const comm::LaunchResult res = comm::launch_local(lo);
+  std::printf("run: %s\n%s\n", res.exit_code == 0 ? (o.verify ? "PASS (every rank verified)" : "OK") : "FAIL",
+              res.summary().c_str());
+  return res.exit_code;
 }
 
 }  // namespace
@@ -270,6 +465,18 @@ void add_run(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows"}))
       ->group("");
   cmd->add_flag("--verify", o.verify, "compare every step with P = 1 (SPEC 7.8); exit 1 on a difference");
+  cmd->add_option("--device", o.device, "cpu | cuda: where the ranks' caches, rings and latents live (cuda: exit 2 "
+                                        "without a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  cmd->add_option("--launch", o.launch, "none: P ranks as threads of this process; local (with --device cuda): P "
+                                        "worker processes, one per GPU, over NCCL")
+      ->check(CLI::IsMember({"none", "local"}))->capture_default_str();
+  cmd->add_option("--rendezvous", o.rendezvous, "--launch local: how rank 0 shares the NCCL id (tcp | file)")
+      ->check(CLI::IsMember({"tcp", "file"}))->capture_default_str();
+  cmd->add_option("--timeout", o.timeout_s, "--launch local: seconds a rank waits for the others")
+      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+  cmd->add_option("--max-runtime", o.max_runtime_s, "--launch local: seconds after which the launcher ends the run")
+      ->check(CLI::Range(1.0, 86400.0))->capture_default_str();
   cmd->callback([&exit_code] { exit_code = run_command(o); });
 }
 
