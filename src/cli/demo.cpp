@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -18,12 +19,21 @@
 #include "cli/commands.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/config.hpp"
+#include "dsv41kv/device.hpp"
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
+
+#if defined(DSV41KV_WITH_CUDA)
+#include <cuda_runtime.h>
+
+#include <memory>
+
+#include "dsv41kv/projection_cuda.hpp"
+#endif
 
 namespace dsv41kv::cli {
 namespace {
@@ -37,7 +47,73 @@ struct DemoOptions {
   std::string format = "all";   // one record format or all
   std::string config_path;      // HF config.json (default: the published V4.1-Flash values)
   int threads = 0;
+  std::string device = "cpu";   // cpu | cuda
 };
+
+#if defined(DSV41KV_WITH_CUDA)
+// --device cuda: the same per-step pipeline on the GPU (cuBLAS projection, the CUDA metadata
+// builders, compress, insert and the read-back gather on device views, one stream), per-step
+// GPU time from CUDA events. The ring and the caches stay on the device for the whole run.
+void cu(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail(ErrorCode::kCuda, fmt::format("demo --device cuda: {}: {}", what, cudaGetErrorString(e)));
+}
+struct DevMem {
+  void* p = nullptr;
+  size_t n = 0;
+  DevMem() = default;
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+  ~DevMem() {
+    if (p) cudaFree(p);
+  }
+  void* ensure(size_t bytes) {
+    if (p && bytes <= n) return p;
+    if (p) cudaFree(p);
+    p = nullptr;
+    n = std::max<size_t>(bytes, 256);
+    cu(cudaMalloc(&p, n), "cudaMalloc");
+    return p;
+  }
+};
+struct GpuLayer {
+  DevMem weight, norm, rope, ring;
+  std::vector<std::unique_ptr<DevMem>> caches;
+  std::vector<CacheView> views;
+};
+struct Gpu {
+  cudaStream_t s = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr, e2 = nullptr;
+  std::unique_ptr<CublasProjection> proj;
+  DevMem hidden, pos, qsl, t2r, bt, rbt, cslots, rslots, kv, latent, gslots, back;
+  std::vector<std::unique_ptr<GpuLayer>> layers;
+  Gpu() {
+    cu(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+    cu(cudaEventCreate(&e0), "cudaEventCreate");
+    cu(cudaEventCreate(&e1), "cudaEventCreate");
+    cu(cudaEventCreate(&e2), "cudaEventCreate");
+    proj = std::make_unique<CublasProjection>();
+  }
+  ~Gpu() {
+    cudaStreamSynchronize(s);
+    proj.reset();
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaEventDestroy(e2);
+    cudaStreamDestroy(s);
+  }
+  void* up(DevMem& m, const void* h, size_t bytes) {
+    void* d = m.ensure(bytes);
+    if (bytes) cu(cudaMemcpyAsync(d, h, bytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync H2D");
+    return d;
+  }
+  void down(void* h, const void* d, size_t bytes) {
+    if (bytes) cu(cudaMemcpyAsync(h, d, bytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync D2H");
+  }
+  static TensorView dv(void* p, DType dt, std::initializer_list<int64_t> shape) {
+    return TensorView::contiguous(p, dt, shape, Device::CUDA);
+  }
+};
+#endif
 
 // splitmix64: the hidden row of (request, position) is a pure function of the seed, so a
 // token's kv_score is the same whichever step or batch computes it.
@@ -79,6 +155,12 @@ struct StepCounts {
 };
 
 int run_demo(const DemoOptions& o) {
+  const bool on_gpu = o.device == "cuda";
+  if (on_gpu && !cuda_device_available()) {
+    std::fprintf(stderr, "dsv41kv: demo --device cuda: no usable GPU: %s (run without --device, or on a machine with "
+                         "a CUDA device)\n", cuda_device_description().c_str());
+    return 2;
+  }
   const ModelConfig cfg = o.config_path.empty() ? deepseek_v41_flash() : load_model_config(o.config_path);
   std::vector<RecordFormat> formats;
   if (o.format == "all") {
@@ -140,8 +222,36 @@ int run_demo(const DemoOptions& o) {
     layers.push_back(std::move(L));
   }
 
+#if defined(DSV41KV_WITH_CUDA)
+  std::unique_ptr<Gpu> gpu;
+  if (on_gpu) {
+    gpu = std::make_unique<Gpu>();
+    for (const Layer& L : layers) {
+      auto GL = std::make_unique<GpuLayer>();
+      const TensorView wv = L.weights.weight_view(), nv = L.weights.norm_view();
+      if (!wv.is_contiguous() || !nv.is_contiguous()) invalid_argument("demo --device cuda: non-contiguous weights");
+      gpu->up(GL->weight, wv.data, static_cast<size_t>(wv.numel()) * dtype_size(wv.dtype));
+      gpu->up(GL->norm, nv.data, static_cast<size_t>(nv.numel()) * dtype_size(nv.dtype));
+      gpu->up(GL->rope, L.table.data.data(), L.table.data.size() * sizeof(float));
+      if (L.ratio == 2) gpu->up(GL->ring, L.ring.data(), L.ring.size() * sizeof(float));
+      for (size_t fi = 0; fi < L.views.size(); ++fi) {
+        auto m = std::make_unique<DevMem>();
+        gpu->up(*m, L.caches[fi].data(), L.caches[fi].size());
+        CacheView v = L.views[fi];
+        v.base = m->p;
+        v.device = Device::CUDA;
+        GL->views.push_back(v);
+        GL->caches.push_back(std::move(m));
+      }
+      gpu->layers.push_back(std::move(GL));
+    }
+    cu(cudaStreamSynchronize(gpu->s), "cudaStreamSynchronize");
+  }
+#endif
+
   nlohmann::json js;
   js["seed"] = o.seed;
+  if (on_gpu) js["device"] = o.device;
   js["hidden_size"] = H;
   js["rms_norm_eps"] = cfg.rms_norm_eps;
   js["steps"] = nlohmann::json::array();
@@ -152,7 +262,7 @@ int run_demo(const DemoOptions& o) {
     fmt::print("\n{:>4} {:>4} {:>6} {:>7}", "step", "reqs", "tokens", "decodes");
     for (const Layer& L : layers)
       fmt::print("  | r{} latents ring_rows records{}", L.ratio, formats.size() > 1 ? "/format" : "");
-    fmt::print("  | ms\n");
+    fmt::print("  | ms{}\n", on_gpu ? "  gpu ms" : "");
   }
 
   int64_t total_tokens = 0;
@@ -188,16 +298,12 @@ int run_demo(const DemoOptions& o) {
     jstep["padded_rows"] = kPadRows;
     jstep["decodes"] = decodes;
     const auto t_step = Clock::now();
+    double step_gpu_ms = 0;
     std::vector<StepCounts> counts;
-    for (Layer& L : layers) {
+    for (size_t li = 0; li < layers.size(); ++li) {
+      Layer& L = layers[li];
       StepCounts c;
       const int r = L.ratio;
-      // projection
-      std::vector<float> kv(static_cast<size_t>(N * 512 * r));
-      const auto t0 = Clock::now();
-      project_kv_score(TensorView::contiguous(hidden.data(), DType::BF16, {N, H}), L.weights.weight_view(),
-                       TensorView::contiguous(kv.data(), DType::F32, {N, 512 * r}), ctx);
-      const auto t1 = Clock::now();
       // metadata: block tables (null-block request: ring block 0 and null pages)
       std::vector<int32_t> ring_bt(static_cast<size_t>(R), 0);
       std::vector<int32_t> bt(static_cast<size_t>(R * L.pages_per_req), 0);
@@ -210,6 +316,91 @@ int run_demo(const DemoOptions& o) {
             bt[static_cast<size_t>(j * L.pages_per_req + p)] = static_cast<int32_t>(1 + id * L.pages_per_req + p);
       }
       std::vector<int64_t> cslots(static_cast<size_t>(N), -1), rslots(static_cast<size_t>(N), -1);
+      std::vector<uint16_t> latent(static_cast<size_t>(N * kLatentDim), 0x7FC0);  // NaN: unwritten
+#if defined(DSV41KV_WITH_CUDA)
+      if (gpu) {
+        Gpu& g = *gpu;
+        GpuLayer& GL = *g.layers[li];
+        const ExecContext dctx{g.s, 0};
+        cu(cudaEventRecord(g.e0, g.s), "cudaEventRecord");
+        void* dh = g.up(g.hidden, hidden.data(), hidden.size() * 2);
+        void* dkv = g.kv.ensure(static_cast<size_t>(N * 512 * r) * sizeof(float));
+        g.proj->project(Gpu::dv(dh, DType::BF16, {N, H}), Gpu::dv(GL.weight.p, DType::BF16, {512 * r, H}),
+                        Gpu::dv(dkv, DType::F32, {N, 512 * r}), dctx);
+        cu(cudaEventRecord(g.e1, g.s), "cudaEventRecord");
+        void* dq = g.up(g.qsl, qsl.data(), qsl.size() * sizeof(int32_t));
+        void* dpos = g.up(g.pos, positions.data(), positions.size() * sizeof(int64_t));
+        void* dt2r = g.t2r.ensure(static_cast<size_t>(N) * sizeof(int32_t));
+        build_token_to_req({Gpu::dv(dq, DType::I32, {R + 1}), Gpu::dv(dt2r, DType::I32, {N})}, dctx);
+        const TensorView t2r_d = Gpu::dv(dt2r, DType::I32, {N}), pos_d = Gpu::dv(dpos, DType::I64, {N});
+        void* dcs = g.up(g.cslots, cslots.data(), cslots.size() * sizeof(int64_t));
+        void* drs = g.up(g.rslots, rslots.data(), rslots.size() * sizeof(int64_t));
+        CompressedSlotArgs ca;
+        ca.ratio = r;
+        ca.token_to_req = t2r_d;
+        ca.positions = pos_d;
+        ca.block_table = Gpu::dv(g.up(g.bt, bt.data(), bt.size() * sizeof(int32_t)), DType::I32, {R, L.pages_per_req});
+        ca.num_actual_tokens = A;
+        ca.states_per_page = L.S;
+        ca.slots = Gpu::dv(dcs, DType::I64, {N});
+        ca.num_pages = L.num_pages;
+        build_compressed_slots(ca, dctx);
+        CompressArgs cargs;
+        cargs.ratio = r;
+        cargs.kv_score = Gpu::dv(dkv, DType::F32, {N, 512 * r});
+        cargs.positions = pos_d;
+        cargs.norm_weight = Gpu::dv(GL.norm.p, DType::BF16, {kLatentDim});
+        cargs.eps = eps;
+        void* dlat = g.up(g.latent, latent.data(), latent.size() * 2);
+        cargs.latent_out = Gpu::dv(dlat, DType::BF16, {N, kLatentDim});
+        if (r == 2) {
+          RingSlotArgs ra;
+          ra.token_to_req = t2r_d;
+          ra.positions = pos_d;
+          ra.ring_block_table = Gpu::dv(g.up(g.rbt, ring_bt.data(), ring_bt.size() * sizeof(int32_t)), DType::I32, {R, 1});
+          ra.num_actual_tokens = A;
+          ra.cap = cap;
+          ra.ring_slots = Gpu::dv(drs, DType::I64, {N});
+          ra.num_ring_blocks = num_req + 1;
+          build_ring_slots(ra, dctx);
+          cargs.slot_mapping = Gpu::dv(drs, DType::I64, {N});
+          cargs.ring = Gpu::dv(GL.ring.p, DType::F32, {num_req + 1, cap, kRingRowFloats});
+          cargs.qsl = Gpu::dv(dq, DType::I32, {R + 1});
+          cargs.token_to_req = t2r_d;
+        } else {
+          cargs.slot_mapping = Gpu::dv(dcs, DType::I64, {N});
+        }
+        compress(cargs, dctx);
+        for (size_t fi = 0; fi < GL.views.size(); ++fi) {
+          InsertArgs ia;
+          ia.ratio = r;
+          ia.latent = cargs.latent_out;
+          ia.positions = pos_d;
+          ia.rope_table = Gpu::dv(GL.rope.p, DType::F32, {L.table.rows, kRopeTableWidth});
+          ia.slots = Gpu::dv(dcs, DType::I64, {N});
+          ia.cache = GL.views[fi];
+          insert(ia, dctx);
+        }
+        cu(cudaEventRecord(g.e2, g.s), "cudaEventRecord");
+        g.down(latent.data(), dlat, latent.size() * 2);
+        g.down(cslots.data(), dcs, cslots.size() * sizeof(int64_t));
+        g.down(rslots.data(), drs, rslots.size() * sizeof(int64_t));
+        cu(cudaStreamSynchronize(g.s), "cudaStreamSynchronize");
+        float ms_p = 0, ms_ci = 0;
+        cu(cudaEventElapsedTime(&ms_p, g.e0, g.e1), "cudaEventElapsedTime");
+        cu(cudaEventElapsedTime(&ms_ci, g.e1, g.e2), "cudaEventElapsedTime");
+        L.seconds_projection += ms_p / 1000.0;
+        L.seconds_compress_insert += ms_ci / 1000.0;
+        step_gpu_ms += static_cast<double>(ms_p) + static_cast<double>(ms_ci);
+      } else
+#endif
+      {
+      // projection
+      std::vector<float> kv(static_cast<size_t>(N * 512 * r));
+      const auto t0 = Clock::now();
+      project_kv_score(TensorView::contiguous(hidden.data(), DType::BF16, {N, H}), L.weights.weight_view(),
+                       TensorView::contiguous(kv.data(), DType::F32, {N, 512 * r}), ctx);
+      const auto t1 = Clock::now();
       auto t2r = TensorView::contiguous(token_to_req.data(), DType::I32, {N});
       auto posv = TensorView::contiguous(positions.data(), DType::I64, {N});
       CompressedSlotArgs ca;
@@ -228,7 +419,6 @@ int run_demo(const DemoOptions& o) {
       cargs.positions = posv;
       cargs.norm_weight = L.weights.norm_view();
       cargs.eps = eps;
-      std::vector<uint16_t> latent(static_cast<size_t>(N * kLatentDim), 0x7FC0);  // NaN: unwritten
       cargs.latent_out = TensorView::contiguous(latent.data(), DType::BF16, {N, kLatentDim});
       if (r == 2) {
         RingSlotArgs ra;
@@ -261,6 +451,7 @@ int run_demo(const DemoOptions& o) {
       const auto t3 = Clock::now();
       L.seconds_projection += std::chrono::duration<double>(t1 - t0).count();
       L.seconds_compress_insert += std::chrono::duration<double>(t3 - t1).count();
+      }
 
       // What was written: latents (non-NaN rows), ring rows changed, records per format.
       for (int64_t t = 0; t < N; ++t)
@@ -287,6 +478,17 @@ int run_demo(const DemoOptions& o) {
         const int64_t M = static_cast<int64_t>(gslots.size());
         for (size_t fi = 0; fi < L.views.size(); ++fi) {
           std::vector<uint16_t> back(static_cast<size_t>(M * kLatentDim), 0);
+#if defined(DSV41KV_WITH_CUDA)
+          if (gpu) {
+            Gpu& g = *gpu;
+            void* dsl = g.up(g.gslots, gslots.data(), gslots.size() * sizeof(int64_t));
+            void* dback = g.back.ensure(back.size() * 2);
+            gather({g.layers[li]->views[fi], Gpu::dv(dsl, DType::I64, {M}), Gpu::dv(dback, DType::BF16, {M, kLatentDim})},
+                   ExecContext{g.s, 0});
+            g.down(back.data(), dback, back.size() * 2);
+            cu(cudaStreamSynchronize(g.s), "cudaStreamSynchronize");
+          } else
+#endif
           gather({L.views[fi], TensorView::contiguous(gslots.data(), DType::I64, {M}),
                   TensorView::contiguous(back.data(), DType::BF16, {M, kLatentDim})}, ctx);
           const RecordFormat f = L.views[fi].format;
@@ -325,13 +527,14 @@ int run_demo(const DemoOptions& o) {
     }
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t_step).count();
     jstep["ms"] = ms;
+    if (on_gpu) jstep["gpu_ms"] = step_gpu_ms;
     js["steps"].push_back(jstep);
     if (!o.json) {
       fmt::print("{:>4} {:>4} {:>3}+{:<2} {:>7}", si, R, A, kPadRows, decodes);
       for (size_t li = 0; li < layers.size(); ++li)
         fmt::print("  | r{} {:>7} {:>9} {:>7}{}", layers[li].ratio, counts[li].latents, counts[li].ring_rows,
                    counts[li].records, formats.size() > 1 ? "        " : "");
-      fmt::print("  | {:.1f}\n", ms);
+      fmt::print("  | {:.1f}{}\n", ms, on_gpu ? fmt::format("  {:>6.3f}", step_gpu_ms) : "");
     }
   }
 
@@ -383,6 +586,9 @@ void add_demo(CLI::App& app, int& exit_code) {
   cmd->add_option("--format", o.format, "v4_584, mxfp8_528, nvfp4_288, bf16, fp8 or all");
   cmd->add_option("--config", o.config_path, "Hugging Face config.json (default: DeepSeek-V4.1-Flash)");
   cmd->add_option("--threads", o.threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096));
+  cmd->add_option("--device", o.device, "cpu | cuda: where the pipeline runs (cuda: cuBLAS projection, CUDA kernels, "
+                                        "per-step GPU time; exit 2 without a GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->callback([&exit_code] { exit_code = run_demo(o); });
 }
 

@@ -1,0 +1,53 @@
+// `dsv41kv run --device cuda` / `--launch local` and `demo --device cuda` where they cannot run:
+// without a GPU (or NCCL) they exit 2 with a message naming the reason; bad combinations of
+// flags exit 2. (With a GPU, tests/gpu/test_pcp_run_gpu.cpp runs them.)
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "dsv41kv/device.hpp"
+#include "support/cli.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+TEST(RunDevice, CudaWithoutGpuExits2WithTheReason) {
+  if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: tests/gpu covers --device cuda";
+  TempDir tmp;
+  for (const std::string args : {"run --device cuda --verify --steps 2", "run --pcp 2 --device cuda --launch local",
+                                 "demo --device cuda"}) {
+    const CliRun r = run_cli(args, tmp);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(built_with_cuda() ? "no CUDA device" : "built without CUDA"), std::string::npos)
+        << args << ": " << r.err;
+  }
+}
+
+TEST(RunDevice, BadCombinationsExit2) {
+  TempDir tmp;
+  const CliRun a = run_cli("run --pcp 2 --launch local", tmp);  // needs --device cuda
+  EXPECT_EQ(a.code, 2);
+  EXPECT_NE(a.err.find("--launch local needs --device cuda"), std::string::npos) << a.err;
+  const CliRun b = run_cli("run --device gpu", tmp);
+  EXPECT_EQ(b.code, 2);
+  const CliRun c = run_cli("run --launch remote", tmp);
+  EXPECT_EQ(c.code, 2);
+  if (cuda_device_available()) {
+    const CliRun d = run_cli("run --pcp 2,4 --device cuda --launch local", tmp);  // one P per launch
+    EXPECT_EQ(d.code, 2);
+    EXPECT_NE(d.err.find("one P per launch"), std::string::npos) << d.err;
+  }
+}
+
+TEST(RunDevice, CpuDefaultIsUnchanged) {
+  TempDir tmp;
+  const CliRun r = run_cli("run --pcp 2 --steps 3 --verify", tmp);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("verify P=2: identical to P=1 at all 3 steps"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("gpu ms"), std::string::npos);
+  EXPECT_EQ(r.out.find("cuda"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
