@@ -21,7 +21,9 @@ TEST(Demo, JsonRunWritesLatentsRingRowsAndRecordsThatReadBack) {
     EXPECT_GT(L["latents"].get<int64_t>(), 0);
     EXPECT_GT(L["records"].get<int64_t>(), 0);
     EXPECT_EQ(L["readback_bad_records"].get<int64_t>(), 0);
-    if (L["ratio"] == 2) EXPECT_GT(L["ring_rows_written"].get<int64_t>(), 0);
+    if (L["ratio"] == 2) {
+      EXPECT_GT(L["ring_rows_written"].get<int64_t>(), 0);
+    }
   }
   // Every step has one padded row; ratio 2 emits at most one latent per two tokens.
   int64_t tokens = 0;
