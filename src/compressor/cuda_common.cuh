@@ -7,7 +7,9 @@
 // host-side and exhaustive device tests (tests/gpu/test_fast_math_gpu.cu), all four are covered
 // by the whole-backing CUDA-vs-CPU record tests:
 //   * pool2_fast: the pool2 weights need only one exp32 when one score is the maximum, because
-//     exp32(+-0) == 1 exactly (numerics.hpp); the other branch keeps two exp32 calls.
+//     exp32(+-0) == 1 exactly (numerics.hpp); the other branch keeps two exp32 calls. The
+//     exponential is the branch-free exp32_nonpos, and on the device the two weights 1/den and
+//     ex/den share one reciprocal seed (pool2_try, checked for every ex of its range).
 //   * e4m3x2_finite: cvt.rn.satfinite.e4m3x2.f32 (sm_89+) for finite inputs is e4m3_encode
 //     (SPEC 2.2 defines the encoder as that instruction, apart from the NaN byte, and it is only
 //     used on finite values). -DDSV41KV_CUDA_SOFT_FP8=1 uses the software encoder instead.
@@ -45,28 +47,147 @@ inline constexpr int kFp8 = static_cast<int>(RecordFormat::PLAIN_FP8);
 
 // ---------------------------------------------------------------- fast, bit-identical math
 
-// pool2 of compress_math.hpp with one exp32 in the common case. With m = max_f(as, bs):
-// if as - m == 0 (as is the max, or equal) then ea = exp32(+-0) == 1 and eb = exp32(bs - m);
-// if bs - m == 0 then eb == 1. Only when neither difference is zero (non-finite scores) both
-// exponentials are evaluated, exactly as pool2 does.
-DSV41KV_HD float pool2_fast(float a_kv, float a_score, float b_kv, float b_score) {
+// exp32 of numerics.hpp for x <= 0 or NaN (the only arguments pool2 gives it: x = score - max),
+// without branches; the same value as exp32 for every x that is not > 0 (NaN payloads too):
+//  * the reduction and the polynomial are evaluated for every x; the special results
+//    (NaN -> x, x < -104 -> 0) are selected afterwards (exclusive conditions); the two cases of
+//    exp32 that need x > 0 (x > 88.72... -> +Inf; ji > 127) cannot occur;
+//  * ji = (int)j is read from the bits of s = t + 1.5*2^23: for |t| < 2^22 (every x in range),
+//    s lies in [2^23, 2^24) where the ulp is 1, so f2u(s) = 0x4B400000 + j exactly (and
+//    j = s - 1.5*2^23 is exact) -- no float-to-int conversion;
+//  * both scalings of exp32 are one form (p * s1) * s2: subnormal results (ji < -125):
+//    s1 = 2^(ji+64), s2 = 2^-64; otherwise s1 = 2^ji, s2 = 1, and the product with 1.0f is
+//    exact, so the value is p * 2^ji as in exp32.
+// Out-of-range x give garbage intermediates that are never selected (fp32 arithmetic does not
+// trap; the integer operations are on unsigned values).
+DSV41KV_HD float exp32_nonpos(float x) {
+  const float t = num::mul_rn(x, 1.44269502162933349609375f);
+  const float s = num::add_rn(t, 12582912.0f);
+  const float j = num::sub_rn(s, 12582912.0f);
+  float r = num::fma_rn(j, -0.693359375f, x);
+  r = num::fma_rn(j, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = num::fma_rn(p, r, 1.3981999507e-3f);
+  p = num::fma_rn(p, r, 8.3334519073e-3f);
+  p = num::fma_rn(p, r, 4.1665795894e-2f);
+  p = num::fma_rn(p, r, 1.6666665459e-1f);
+  p = num::fma_rn(p, r, 5.0000001201e-1f);
+  p = num::fma_rn(p, r, 1.0f);
+  p = num::fma_rn(p, r, 1.0f);
+  const uint32_t ju = num::f2u(s) - 0x4B400000u;
+  const bool sub = static_cast<int>(ju) < -125;
+  const uint32_t e1 = ju + (sub ? 64u + 127u : 127u);
+  const uint32_t e2 = sub ? static_cast<uint32_t>(-64 + 127) : 127u;
+  float v = num::mul_rn(num::mul_rn(p, num::u2f(e1 << 23)), num::u2f(e2 << 23));
+  v = (x < -104.0f) ? 0.0f : v;
+  v = num::is_nan(x) ? x : v;
+  return v;
+}
+
+// pool2 of compress_math.hpp with one exp32 in the common case, with branches. With
+// m = max_f(as, bs): if as - m == 0 (as is the max, or equal) then ea = exp32(+-0) == 1 and
+// eb = exp32(bs - m); if bs - m == 0 then eb == 1. Only when neither difference is zero
+// (non-finite scores) both exponentials are evaluated, exactly as pool2 does. Both differences
+// are <= 0 or NaN (m is the max), so exp32_nonpos == exp32 on them; den = add_rn(1, ex) ==
+// add_rn(ea, eb) (addition commutes); the weight with numerator 1 is div_rn(1, den).
+DSV41KV_HD float pool2_exact(float a_kv, float a_score, float b_kv, float b_score) {
   const float m = num::max_f(a_score, b_score);
   const float da = num::sub_rn(a_score, m);
   const float db = num::sub_rn(b_score, m);
   const bool za = (da == 0.0f);
-  const float ex = num::exp32(za ? db : da);
+  const float ex = exp32_nonpos(za ? db : da);  // the exponential that is not exp32(0)
   float ea, eb;
   if (za) {
     ea = 1.0f;
     eb = ex;
   } else {
     ea = ex;
-    eb = (db == 0.0f) ? 1.0f : num::exp32(db);
+    eb = (db == 0.0f) ? 1.0f : exp32_nonpos(db);
   }
   const float den = num::add_rn(ea, eb);
   const float wa = num::div_rn(ea, den);
   const float wb = num::div_rn(eb, den);
   return num::add_rn(num::mul_rn(a_kv, wa), num::mul_rn(b_kv, wb));
+}
+
+// ex in [2^-60, 1]: the range where pool2_try's shared-reciprocal quotients are used.
+DSV41KV_HD bool pool_fast_range(float ex) { return num::f2u(ex) - 0x21800000u <= 0x1E000000u; }
+
+// w1 = 1/den and wx = ex/den for den = add_rn(1, ex), sharing one reciprocal seed, with the
+// operation sequence of the compiler's div.rn.f32 fast path (r0 = rcp.approx; r = r0 +
+// r0*(1 - den*r0); q0 = a*r; q = q0 + r*(a - den*q0), all fma; for a = 1, q0 = r). Equal to
+// div_rn(1, den) and div_rn(ex, den) for every ex with pool_fast_range(ex) (every such ex was
+// checked on the H200); not for every other ex.
+__device__ __forceinline__ void pool_weights_fast(float ex, float& w1, float& wx) {
+  const float den = num::add_rn(1.0f, ex);
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(den));
+  const float e = __fmaf_rn(-den, r0, 1.0f);
+  const float r = __fmaf_rn(r0, e, r0);
+  w1 = __fmaf_rn(r, __fmaf_rn(-den, r, 1.0f), r);
+  const float q0 = __fmaf_rn(ex, r, 0.0f);
+  wx = __fmaf_rn(r, __fmaf_rn(-den, q0, ex), q0);
+}
+
+// pool2 without branches for the common case; ok = false when the value must come from
+// pool2_exact instead (neither score is the maximum -- non-finite scores --, or the exponential
+// ex lies outside [2^-60, 1]). When ok, the value is pool2_exact's:
+//  * one of ea, eb is exactly 1, the other is ex; den = add_rn(1, ex);
+//  * the two weights 1/den and ex/den share one reciprocal seed and follow the operation
+//    sequence of the compiler's div.rn.f32 fast path (r0 = rcp.approx; r = r0 + r0*(1 - den*r0);
+//    q0 = a*r; q = q0 + r*(a - den*q0), all fma; for a = 1, q0 = r); for every ex in
+//    [2^-60, 1] both equal div_rn's bits (checked exhaustively on the H200, docs/perf-notes.md).
+__device__ __forceinline__ float pool2_try(float a_kv, float a_score, float b_kv, float b_score,
+                                           bool& ok) {
+  const float m = num::max_f(a_score, b_score);
+  const float da = num::sub_rn(a_score, m);
+  const float db = num::sub_rn(b_score, m);
+  const bool za = (da == 0.0f);
+  const bool zb = (db == 0.0f);
+  const float ex = exp32_nonpos(za ? db : da);
+  float w1, wx;
+  pool_weights_fast(ex, w1, wx);
+  ok = (za || zb) && pool_fast_range(ex);
+  const float wa = za ? w1 : wx;
+  const float wb = za ? wx : w1;
+  return num::add_rn(num::mul_rn(a_kv, wa), num::mul_rn(b_kv, wb));
+}
+
+// pool2 (bit-identical): device: pool2_try, else pool2_exact; host: pool2_exact.
+DSV41KV_HD float pool2_fast(float a_kv, float a_score, float b_kv, float b_score) {
+#if defined(__CUDA_ARCH__)
+  bool ok;
+  const float v = pool2_try(a_kv, a_score, b_kv, b_score, ok);
+  if (ok) return v;
+#endif
+  return pool2_exact(a_kv, a_score, b_kv, b_score);
+}
+
+// pool2 of N consecutive dims (float4 groups): pool2_try on all of them (independent, no
+// branches), then pool2_exact for the few that need it.
+template <int N>
+__device__ __forceinline__ void pool2_vec(const float4 (&akv)[N], const float4 (&asc)[N],
+                                          const float4 (&bkv)[N], const float4 (&bsc)[N],
+                                          float4 (&out)[N]) {
+  bool ok[N][4];
+  bool all = true;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    out[k].x = pool2_try(akv[k].x, asc[k].x, bkv[k].x, bsc[k].x, ok[k][0]);
+    out[k].y = pool2_try(akv[k].y, asc[k].y, bkv[k].y, bsc[k].y, ok[k][1]);
+    out[k].z = pool2_try(akv[k].z, asc[k].z, bkv[k].z, bsc[k].z, ok[k][2]);
+    out[k].w = pool2_try(akv[k].w, asc[k].w, bkv[k].w, bsc[k].w, ok[k][3]);
+    all = all && ok[k][0] && ok[k][1] && ok[k][2] && ok[k][3];
+  }
+  if (!all) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (!ok[k][0]) out[k].x = pool2_exact(akv[k].x, asc[k].x, bkv[k].x, bsc[k].x);
+      if (!ok[k][1]) out[k].y = pool2_exact(akv[k].y, asc[k].y, bkv[k].y, bsc[k].y);
+      if (!ok[k][2]) out[k].z = pool2_exact(akv[k].z, asc[k].z, bkv[k].z, bsc[k].z);
+      if (!ok[k][3]) out[k].w = pool2_exact(akv[k].w, asc[k].w, bkv[k].w, bsc[k].w);
+    }
+  }
 }
 
 // e2m1_encode(div_rn(v, sd)) for finite v and an e4m3 scale value sd in [2^-9, 448], without
@@ -202,6 +323,46 @@ __device__ __forceinline__ void load_bf16(const uint16_t* src, float (&x)[E], ui
   for (int i = 0; i < E; ++i) x[i] = num::bf16_decode(bits[i]);
 }
 
+// num::bf16_encode of E values, packed two per word (even index in the low half), with the
+// hardware conversion cvt.rn.bf16x2.f32 (round to nearest even, the rounding bf16_encode
+// implements on the bits) for normal finite values; if any value is zero, subnormal, infinite
+// or NaN (bf16_encode's canonical NaN 0x7FC0 differs from the hardware's), all E are encoded by
+// bf16_encode. The hardware result was compared with bf16_encode for every normal finite fp32
+// value on the H200 (docs/perf-notes.md).
+__device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+__device__ __forceinline__ bool bf16_hw_ok(float v) {
+  const float a = num::abs_f(v);
+  return a >= 1.17549435e-38f && a <= 3.40282347e+38f;  // normal finite (false for NaN)
+}
+template <int E>
+__device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t (&w)[E / 2]) {
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) {
+    w[i] = bf16x2_rn_hw(v[2 * i], v[2 * i + 1]);
+    ok = ok && bf16_hw_ok(v[2 * i]) && bf16_hw_ok(v[2 * i + 1]);
+  }
+  if (!ok) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i)
+      w[i] = static_cast<uint32_t>(num::bf16_encode(v[2 * i])) |
+             (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
+  }
+}
+// The floats of packed bf16 words (num::bf16_decode of each half).
+template <int E>
+__device__ __forceinline__ void bf16_decode_packed(const uint32_t (&w)[E / 2], float (&x)[E]) {
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) {
+    x[2 * i] = num::u2f(w[i] << 16);
+    x[2 * i + 1] = num::u2f(w[i] & 0xFFFF0000u);
+  }
+}
+
 // Packs E bf16 bit patterns into E/2 words.
 template <int E>
 __device__ __forceinline__ void pack_bf16(const uint16_t (&b)[E], uint32_t (&w)[E / 2]) {
@@ -212,16 +373,13 @@ __device__ __forceinline__ void pack_bf16(const uint16_t (&b)[E], uint32_t (&w)[
 
 // ---------------------------------------------------------------- RoPE in the writer layout
 
-// y = x, then the forward RoPE of SPEC 1.4 on the pairs of dims >= 448 this thread owns, with
-// the table row `trow` (64 floats, 16-byte aligned). d0 = first dim of the thread.
+// The cos/sin values of the RoPE pairs a thread owns (dims >= 448 only; others load nothing),
+// from the table row `trow` (64 floats, 16-byte aligned). d0 = first dim of the thread.
 template <int E>
-__device__ __forceinline__ void rope_thread(int d0, const float* trow, const float (&x)[E],
-                                            float (&y)[E]) {
-#pragma unroll
-  for (int i = 0; i < E; ++i) y[i] = x[i];
+__device__ __forceinline__ void rope_load(int d0, const float* trow, float (&c)[E / 2],
+                                          float (&s)[E / 2]) {
   if (d0 < kNopeDim) return;
   const int j0 = (d0 - kNopeDim) / 2;  // first pair index
-  float c[E / 2], s[E / 2];
   if constexpr (E == 16) {
     const float4 c0 = ld4(trow + j0), c1 = ld4(trow + j0 + 4);
     const float4 s0 = ld4(trow + 32 + j0), s1 = ld4(trow + 32 + j0 + 4);
@@ -235,9 +393,26 @@ __device__ __forceinline__ void rope_thread(int d0, const float* trow, const flo
     c[0] = cc.x; c[1] = cc.y;
     s[0] = ss.x; s[1] = ss.y;
   }
+}
+// y = x, then the forward RoPE of SPEC 1.4 on the pairs of dims >= 448 this thread owns, with
+// cos/sin from rope_load.
+template <int E>
+__device__ __forceinline__ void rope_apply(int d0, const float (&c)[E / 2], const float (&s)[E / 2],
+                                           const float (&x)[E], float (&y)[E]) {
+#pragma unroll
+  for (int i = 0; i < E; ++i) y[i] = x[i];
+  if (d0 < kNopeDim) return;
 #pragma unroll
   for (int i = 0; i < E / 2; ++i)
     num::rope_forward(x[2 * i], x[2 * i + 1], c[i], s[i], y[2 * i], y[2 * i + 1]);
+}
+// Both: table row `trow` (64 floats, 16-byte aligned), d0 = first dim of the thread.
+template <int E>
+__device__ __forceinline__ void rope_thread(int d0, const float* trow, const float (&x)[E],
+                                            float (&y)[E]) {
+  float c[E / 2], s[E / 2];
+  rope_load<E>(d0, trow, c, s);
+  rope_apply<E>(d0, c, s, x, y);
 }
 
 // ---------------------------------------------------------------- cooperative record writers
@@ -319,11 +494,8 @@ __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, in
       store_words<E / 4>(val + d0, w);
       if (d0 % 64 == 0) sc[d0 / 64] = sb;
     } else {
-      uint16_t b[E];
-#pragma unroll
-      for (int i = 0; i < E; ++i) b[i] = num::bf16_encode(y[i]);
       uint32_t w[E / 2];
-      pack_bf16<E>(b, w);
+      bf16_encode_packed<E>(y, w);
       store_words<E / 2>(val + kNopeDim + 2 * (d0 - kNopeDim), w);
       if (d0 == kNopeDim) sc[7] = 0;
     }
@@ -375,11 +547,8 @@ __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, in
     }
     if (d0 % 16 == 0) pg[Nvfp4Layout::scale_offset(c.S, r) + d0 / 16] = sb;
   } else if constexpr (F == kBf16) {
-    uint16_t b[E];
-#pragma unroll
-    for (int i = 0; i < E; ++i) b[i] = num::bf16_encode(y[i]);
     uint32_t w[E / 2];
-    pack_bf16<E>(b, w);
+    bf16_encode_packed<E>(y, w);
     store_words<E / 2>(pg + r * c.row_stride_bytes + 2 * d0, w);
   } else if constexpr (F == kFp8) {
     uint32_t w[E / 4];

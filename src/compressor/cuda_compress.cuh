@@ -36,56 +36,402 @@ inline constexpr int kPooledFloats = kLatentDim + kLatentDim / 8;  // 512 + padd
 
 __device__ __forceinline__ int pooled_index(int d) { return d + 4 * (d / 32); }
 
-template <int R, int G, int F>
-__global__ void __launch_bounds__(G == 1 ? 256 : 128)
-    compress_kernel(const CompressParams p) {
-  constexpr int E = 16 / G;        // dims per thread in the writer layout
-  constexpr int K = 4 / G;         // float4 loads per thread per half-row
-  constexpr int kPerBlock = G == 1 ? 8 : 1;
-  constexpr int kThreads = 32 * G; // threads per program
-  __shared__ __align__(16) float smem[kPerBlock][kPooledFloats];
-  __shared__ float smem_rs;        // G = 4: rs broadcast
+// Insert decision of a token (SPEC 5.1): the cache slot and RoPE table row, or slot -1.
+template <int R, int F>
+__device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t islot,
+                                                int64_t pos_t, int64_t& slot_out,
+                                                int64_t& row_out) {
+  slot_out = -1;
+  row_out = 0;
+  if constexpr (F != kNoRecord) {
+    const int64_t row = (pos_t / R) * R;
+    const bool ins = islot >= 0 && islot < p.cache.capacity && pos_t >= 0 &&
+                     ((pos_t + 1) % R) == 0 && row < p.table_rows;
+    if (ins) {
+      slot_out = islot;
+      row_out = row;
+    }
+  }
+}
 
+// ==================================================================== one-warp streaming kernel
+//
+// compress_stream_kernel<R, F, C>: 4 warps per 128-thread block, each warp owns
+//   ratio 2: warps w < num_reqs: request program w (one program, generic loads, tail store);
+//            the other warps: a chunk of C consecutive pair programs;
+//   ratio 1: a chunk of C consecutive token programs.
+// A chunk starts with one round of metadata: lane j resolves program j of the chunk (token,
+// insert slot, RoPE row), in parallel over the lanes; the program loop then broadcasts the role
+// with shuffles and issues the 16-byte row loads of program i+1 before computing program i
+// (two register buffers), so every warp keeps the next 8 KiB (ratio 2) / 2 KiB (ratio 1) in
+// flight through the whole compute phase.
+
+template <int R>
+struct Rows {
+  float4 bkv[4];
+  float4 bsc[R == 2 ? 4 : 1];
+  float4 akv[R == 2 ? 4 : 1];
+  float4 asc[R == 2 ? 4 : 1];
+};
+
+// Loads the rows of token t (ratio 2: predecessor row `arow`, current row kv[t]) in the load
+// layout: lane loads dims d = 4*lane + 128*k.
+template <int R, bool kAnyAlign>
+__device__ __forceinline__ void load_rows(const CompressParams& p, int64_t t, const float* arow,
+                                          int lane, Rows<R>& b) {
+  const float* brow = p.kv + t * p.kv_stride;
+  const bool a_al = !kAnyAlign || aligned16(arow);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int d = 4 * lane + 128 * k;
+    b.bkv[k] = ld4(brow + d);
+    if constexpr (R == 2) {
+      b.bsc[k] = ld4(brow + kLatentDim + d);
+      if constexpr (kAnyAlign) {
+        b.akv[k] = ld4_any(arow + d, a_al);
+        b.asc[k] = ld4_any(arow + kLatentDim + d, a_al);
+      } else {
+        b.akv[k] = ld4(arow + d);
+        b.asc[k] = ld4(arow + kLatentDim + d);
+      }
+    }
+  }
+}
+
+// pool -> RMS (normative order) -> latent -> latent_out / record of one program on one warp.
+// `pooled` is the warp's shared scratch; the warp is synchronised on entry use and on exit, so
+// consecutive programs can reuse it.
+// Loads float4 group k (dims 4*lane + 128*k) of token t's rows into b.
+template <int R>
+__device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, int lane, int k,
+                                           Rows<R>& b) {
+  const float* brow = p.kv + t * p.kv_stride;
+  const int d = 4 * lane + 128 * k;
+  b.bkv[k] = ld4(brow + d);
+  if constexpr (R == 2) {
+    const float* arow = brow - p.kv_stride;  // pair programs: the predecessor is row t - 1
+    b.bsc[k] = ld4(brow + kLatentDim + d);
+    b.akv[k] = ld4(arow + d);
+    b.asc[k] = ld4(arow + kLatentDim + d);
+  }
+}
+
+// pool -> RMS (normative order) -> latent -> latent_out / record of one program on one warp.
+// `pooled` is the warp's shared scratch (every read of it ends before a __syncwarp, so
+// consecutive programs can reuse it). Rolling prefetch: as soon as a group of `b` has been
+// pooled, its registers receive the same group of the rows of token t_next (a pair or ratio-1
+// program of the same chunk; -1: none), so that the next program's rows are in flight during
+// the rest of this one.
+template <int R, int F>
+__device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t islot,
+                                             int64_t trow_row, Rows<R>& b, int64_t t_next,
+                                             float* pooled, int lane, const uint32_t (&wpk)[8]) {
+  // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
+  //   load layout  d = 4*lane + 128*k : 4*lane + 4*(lane/8) + 144*k
+  //   RMS          d = lane + 32*i    : lane + 36*i
+  //   writer       d = 16*lane + 4*c  : 16*lane + 4*(lane/2) + 4*c
+  const unsigned ul = static_cast<unsigned>(lane);
+  float* const pl = pooled + (4u * ul + 4u * (ul >> 3));
+  const float* const pr = pooled + ul;
+  const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
+  // 2. pool, load layout -> shared memory
+  if constexpr (R == 2) {
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+      const float4 a1[2] = {b.akv[k], b.akv[k + 1]}, a2[2] = {b.asc[k], b.asc[k + 1]};
+      const float4 b1[2] = {b.bkv[k], b.bkv[k + 1]}, b2[2] = {b.bsc[k], b.bsc[k + 1]};
+      float4 v[2];
+      pool2_vec<2>(a1, a2, b1, b2, v);
+      st4(pl + 144 * k, v[0]);
+      st4(pl + 144 * (k + 1), v[1]);
+      if (t_next >= 0) {
+        load_group<R>(p, t_next, lane, k, b);
+        load_group<R>(p, t_next, lane, k + 1, b);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      st4(pl + 144 * k, b.bkv[k]);
+      if (t_next >= 0) load_group<R>(p, t_next, lane, k, b);
+    }
+  }
+  __syncwarp();
+  // 3. RMS: lane l sums d = l, l+32, ..., l+480 ascending, then the shuffle-down tree
+  float part = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float v = pr[36 * i];
+    part = num::fma_rn(v, v, part);
+  }
+#pragma unroll
+  for (int h = 16; h >= 1; h >>= 1)
+    part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
+  const float sum = __shfl_sync(0xFFFFFFFFu, part, 0);
+  const float rs = cmath::rms_inverse(sum, p.eps);
+  // 4. latent, writer layout: lane owns dims [16*lane, 16*lane + 16)
+  const int d0 = 16 * lane;
+  float pw[16];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const float4 v = ld4(pwb + 4 * c);
+    pw[4 * c] = v.x;
+    pw[4 * c + 1] = v.y;
+    pw[4 * c + 2] = v.z;
+    pw[4 * c + 3] = v.w;
+  }
+  __syncwarp();  // every read of `pooled` done: the next program may overwrite it
+  // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
+  float f[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float wi = num::u2f(i % 2 == 0 ? (wpk[i / 2] << 16) : (wpk[i / 2] & 0xFFFF0000u));
+    f[i] = num::mul_rn(num::mul_rn(pw[i], rs), wi);
+  }
+  uint32_t lw[8];
+  bf16_encode_packed<16>(f, lw);
+  float x[16];
+  bf16_decode_packed<16>(lw, x);
+  if (p.latent != nullptr)
+    store_words<8>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), lw);
+  if constexpr (F != kNoRecord) {
+    if (islot >= 0) {
+      float y[16];
+      rope_thread<16>(d0, p.table + trow_row * kRopeDim, x, y);
+      write_record<F, 16>(p.cache, islot, lane, x, y);
+    }
+  }
+}
+
+// Role of program `prog` (not a ratio-2 request program) as seen by one lane: the token t
+// (-1: nothing to do), its insert slot (-1: no insert) and RoPE row.
+template <int R, int F>
+__device__ __forceinline__ void resolve_role(const CompressParams& p, int64_t prog, int64_t& t_out,
+                                             int64_t& islot_out, int64_t& row_out) {
+  t_out = -1;
+  islot_out = -1;
+  row_out = 0;
+  int64_t t, pos_t, islot = -1;
+  if constexpr (R == 1) {
+    t = prog;
+    const int64_t sl = p.slot[t];
+    pos_t = p.pos[t];
+    if constexpr (F != kNoRecord) islot = p.ins_slot[t];
+    if (sl < 0) return;
+  } else {
+    const int64_t t0 = 2 * (prog - p.num_reqs);
+    const int64_t p0 = p.pos[t0];  // t0 < N (chunks stop at the last program)
+    if (p0 < 0) return;
+    t = t0 + ((p0 + 1) & 1);
+    if (t >= p.N || t < 1) return;
+    const int64_t sl = p.slot[t];
+    const int32_t req = p.t2r[t];
+    const int64_t pt = p.pos[t];
+    if constexpr (F != kNoRecord) islot = p.ins_slot[t];
+    if (sl < 0 || sl >= p.ring_slots) return;
+    if (req < 0 || req >= p.num_reqs) return;
+    if (t == p.qsl[req]) return;
+    pos_t = t == t0 ? p0 : pt;
+  }
+  t_out = t;
+  insert_decision<R, F>(p, islot, pos_t, islot_out, row_out);
+}
+
+__device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
+  return static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(v), src));
+}
+
+template <int R, int F>
+__device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog, float* pooled,
+                                     int lane, const uint16_t (&wb)[16]);
+
+template <int R, int F, int C>
+__global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
+    compress_stream_kernel(const CompressParams p) {
+  static_assert(C <= 32);
+  __shared__ __align__(16) float smem[4][kPooledFloats];
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int local = G == 1 ? warp : 0;
-  const int gt = G == 1 ? lane : static_cast<int>(threadIdx.x);
-  const int64_t prog = static_cast<int64_t>(blockIdx.x) * kPerBlock + local;
-  float* pooled = smem[local];
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + warp;
+  float* pooled = smem[warp];
 
-  // ---------------------------------------------------------------- program role
-  int64_t t = -1;                 // token whose latent this program computes
-  int64_t pos_t = 0;
-  const float* arow = nullptr;    // predecessor [kv | score] row (ratio 2)
-  bool tail = false;              // request program with a tail store
-  int64_t s = 0, e = 0;
+  uint32_t wb[8];  // the lane's 16 bf16 norm weights, packed (even dim in the low half)
+  {
+    const uint4 u0 = *reinterpret_cast<const uint4*>(p.norm_w + 16 * lane);
+    const uint4 u1 = *reinterpret_cast<const uint4*>(p.norm_w + 16 * lane + 8);
+    wb[0] = u0.x; wb[1] = u0.y; wb[2] = u0.z; wb[3] = u0.w;
+    wb[4] = u1.x; wb[5] = u1.y; wb[6] = u1.z; wb[7] = u1.w;
+  }
+
+  int64_t first;       // first program of the chunk
+  int64_t n;           // programs in the chunk
+  if constexpr (R == 2) {
+    if (w < p.num_reqs) {
+      request_program_warp<R, F>(p, w, pooled, lane, wb);
+      return;
+    }
+    const int64_t pairs = (p.N + 1) / 2;
+    const int64_t k0 = (w - p.num_reqs) * C;
+    if (k0 >= pairs) return;
+    first = p.num_reqs + k0;
+    n = pairs - k0 < C ? pairs - k0 : C;
+  } else {
+    const int64_t k0 = w * C;
+    if (k0 >= p.N) return;
+    first = k0;
+    n = p.N - k0 < C ? p.N - k0 : C;
+  }
+
+  // metadata of the whole chunk, one program per lane
+  int64_t role_t = -1, role_slot = -1, role_row = 0;
+  if (lane < n) resolve_role<R, F>(p, first + lane, role_t, role_slot, role_row);
+
+  Rows<R> A;
+  const int nn = static_cast<int>(n);
+  int64_t t = shfl64(role_t, 0);
+  if (t >= 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) load_group<R>(p, t, lane, k, A);
+  }
+  for (int i = 0; i < nn; ++i) {
+    const int64_t tn = shfl64(role_t, i + 1 < nn ? i + 1 : 0);
+    const int64_t t_next = i + 1 < nn ? tn : -1;
+    const int64_t sl = shfl64(role_slot, i), row = shfl64(role_row, i);
+    if (t >= 0) {
+      process_warp<R, F>(p, t, sl, row, A, t_next, pooled, lane, wb);
+    } else if (t_next >= 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) load_group<R>(p, t_next, lane, k, A);
+    }
+    t = t_next;
+  }
+}
+
+// A ratio-2 request program on one warp (SPEC 4.4 request program + 4.5 tail store).
+template <int R, int F>
+__device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
+                                                     float* pooled, int lane,
+                                                     const uint32_t (&wb)[8]) {
+  const int64_t s = p.qsl[prog];
+  const int64_t e = p.qsl[prog + 1];
+  if (s < 0 || s >= e || e > p.N) return;
+  const int64_t sl = p.slot[s];
+  const int64_t ps = p.pos[s];
+  int64_t islot = -1;
+  if constexpr (F != kNoRecord) islot = p.ins_slot[s];
+  int64_t g = -1;
+  if (p.pcp && p.prev != nullptr && prog < p.prev_n) g = p.prev_idx[prog];
+  if (sl < 0 || sl >= p.ring_slots) return;
+  const bool tail = !p.pcp;
+  int64_t t = -1;
+  const float* arow = nullptr;
+  if (ps >= 0 && (ps & 1)) {
+    t = s;
+    if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
+    if (arow == nullptr) {
+      int64_t blk, rem, quo, row_pred;
+      divmod(sl, p.cap, blk, rem);
+      divmod(ps - 1, p.cap, quo, row_pred);
+      arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
+    }
+  }
+  if (t >= 0) {
+    Rows<R> A;
+    load_rows<R, true>(p, t, arow, lane, A);
+    int64_t slot_ins, row;
+    insert_decision<R, F>(p, islot, ps, slot_ins, row);
+    process_warp<R, F>(p, t, slot_ins, row, A, -1, pooled, lane, wb);
+  }
+  if (tail) {
+    // Every ring read of this program (the predecessor row) was consumed by the pool above,
+    // before the warp barrier in process_warp; rows are copied in ascending token order.
+    const int64_t n = (e - s) < p.cap ? (e - s) : p.cap;
+    for (int64_t kk = 0; kk < n; ++kk) {
+      const int64_t tt = e - n + kk;
+      const int64_t st = p.slot[tt];
+      if (st < 0 || st >= p.ring_slots) continue;
+      int64_t blk, row;
+      divmod(st, p.cap, blk, row);
+      float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+      const bool d_al = aligned16(dst);
+      const float* src = p.kv + tt * p.kv_stride;
+      float4 v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = ld4(src + 4 * lane + 128 * k);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) st4_any(dst + 4 * lane + 128 * k, v[k], d_al);
+    }
+  }
+}
+
+// ==================================================================== four-warp kernel (decode)
+//
+// compress_kernel_g4<R, F>: one 128-thread block per program (small grids such as decode: the
+// 512 dims of a token spread over 128 threads). Loads are issued as early as their addresses
+// are known and checked afterwards, so that a request program waits for three dependent round
+// trips (qsl -> slot/pos + current row -> ring row + RoPE row) before computing.
+//  1. load layout: thread gt loads dims 4*gt of a.kv, a.score, b.kv, b.score;
+//  2. pooled = pool2(a, b) (ratio 1: b.kv) -> shared memory (padded index d + 4*(d/32));
+//  3. warp 0 lane l: part = fma over d = l, l+32, ..., l+480 ascending (the normative order),
+//     then the shuffle-down tree h = 16..1, rs = 1/sqrt(sum/512 + eps), broadcast;
+//  4. writer layout == load layout (thread gt owns dims [4*gt, 4*gt+4)): latent, latent_out,
+//     RoPE, cooperative record write; request programs then run the tail store.
+template <int R, int F>
+__global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
+  __shared__ __align__(16) float pooled[kPooledFloats];
+  __shared__ float smem_rs;
+  const int gt = static_cast<int>(threadIdx.x);
+  const int64_t prog = blockIdx.x;
+  const int d0 = 4 * gt;
+
+  uint16_t wb[4];
+  {
+    float wv[4];
+    load_bf16<4>(p.norm_w + d0, wv, wb);
+    (void)wv;
+  }
+
+  int64_t t = -1, pos_t = 0, islot = -1;
+  int64_t s = 0, e = 0, sl_s = -1;  // request programs: chunk [s, e), slot of row s
+  bool tail = false;
+  float4 bkv, bsc, akv, asc;
   if constexpr (R == 1) {
     if (prog >= p.N) return;
-    if (p.slot[prog] < 0) return;
+    bkv = ld4(p.kv + prog * p.kv_stride + d0);
+    const int64_t sl = p.slot[prog];
+    pos_t = p.pos[prog];
+    if constexpr (F != kNoRecord) islot = p.ins_slot[prog];
+    if (sl < 0) return;
     t = prog;
-    pos_t = p.pos[t];
   } else {
     if (prog < p.num_reqs) {
       s = p.qsl[prog];
       e = p.qsl[prog + 1];
       if (s < 0 || s >= e || e > p.N) return;
-      const int64_t sl = p.slot[s];
-      if (sl < 0 || sl >= p.ring_slots) return;
+      const float* brow = p.kv + s * p.kv_stride;
+      bkv = ld4(brow + d0);
+      bsc = ld4(brow + kLatentDim + d0);
+      sl_s = p.slot[s];
       const int64_t ps = p.pos[s];
+      if constexpr (F != kNoRecord) islot = p.ins_slot[s];
+      int64_t g = -1;
+      if (p.pcp && p.prev != nullptr && prog < p.prev_n) g = p.prev_idx[prog];
+      if (sl_s < 0 || sl_s >= p.ring_slots) return;
       tail = !p.pcp;
       if (ps >= 0 && (ps & 1)) {
         t = s;
         pos_t = ps;
-        if (p.pcp && p.prev != nullptr && prog < p.prev_n) {
-          const int64_t g = p.prev_idx[prog];
-          if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
-        }
+        const float* arow = nullptr;
+        if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
         if (arow == nullptr) {
           int64_t blk, rem, quo, row_pred;
-          divmod(sl, p.cap, blk, rem);
+          divmod(sl_s, p.cap, blk, rem);
           divmod(ps - 1, p.cap, quo, row_pred);
           arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
         }
+        const bool a_al = aligned16(arow);
+        akv = ld4_any(arow + d0, a_al);
+        asc = ld4_any(arow + kLatentDim + d0, a_al);
       }
       if (t < 0 && !tail) return;
     } else {
@@ -95,73 +441,49 @@ __global__ void __launch_bounds__(G == 1 ? 256 : 128)
       if (p0 < 0) return;
       const int64_t tt = t0 + ((p0 + 1) & 1);
       if (tt >= p.N || tt < 1) return;
+      const float* brow = p.kv + tt * p.kv_stride;
+      bkv = ld4(brow + d0);
+      bsc = ld4(brow + kLatentDim + d0);
+      akv = ld4(brow - p.kv_stride + d0);
+      asc = ld4(brow - p.kv_stride + kLatentDim + d0);
       const int64_t sl = p.slot[tt];
-      if (sl < 0 || sl >= p.ring_slots) return;
       const int32_t req = p.t2r[tt];
+      const int64_t pt = p.pos[tt];
+      if constexpr (F != kNoRecord) islot = p.ins_slot[tt];
+      if (sl < 0 || sl >= p.ring_slots) return;
       if (req < 0 || req >= p.num_reqs || tt == p.qsl[req]) return;
       t = tt;
-      pos_t = tt == t0 ? p0 : p.pos[tt];
-      arow = p.kv + (tt - 1) * p.kv_stride;
+      pos_t = tt == t0 ? p0 : pt;
     }
   }
 
-  // registers of the current row kept for a tail store of row s from registers (G = 4)
-  float4 bkv[K], bsc[K];
-
   if (t >= 0) {
-    const float* brow = p.kv + t * p.kv_stride;
-    // ---------------------------------------------------------------- 1. loads
-    float4 akv[K], asc[K];
-    const bool a_al = R == 2 && aligned16(arow);  // ring rows may be unaligned
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int d = 4 * gt + 128 * G * k;
-      bkv[k] = ld4(brow + d);
-      if constexpr (R == 2) {
-        bsc[k] = ld4(brow + kLatentDim + d);
-        akv[k] = ld4_any(arow + d, a_al);
-        asc[k] = ld4_any(arow + kLatentDim + d, a_al);
-      }
-    }
-    // insert decision and its table row, loaded early (off the critical path)
-    bool do_insert = false;
-    int64_t islot = -1;
-    const float* trow = nullptr;
+    // RoPE row of the insert, loaded before the compute
+    int64_t slot_ins = -1, row = 0;
+    insert_decision<R, F>(p, islot, pos_t, slot_ins, row);
+    float rc[2], rsn[2];
     if constexpr (F != kNoRecord) {
-      islot = p.ins_slot[t];
-      const int64_t row = (pos_t / R) * R;
-      do_insert = islot >= 0 && islot < p.cache.capacity && pos_t >= 0 &&
-                  ((pos_t + 1) % R) == 0 && row < p.table_rows;
-      trow = p.table + row * kRopeDim;
+      if (slot_ins >= 0) rope_load<4>(d0, p.table + row * kRopeDim, rc, rsn);
     }
-    const int d0 = E * gt;
-    float wv[E];  // unused: latent_value takes the bf16 bits
-    uint16_t wb[E];
-    load_bf16<E>(p.norm_w + d0, wv, wb);
-
-    // ---------------------------------------------------------------- 2. pool
-    float pv[K][4];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if constexpr (R == 2) {
-        pv[k][0] = pool2_fast(akv[k].x, asc[k].x, bkv[k].x, bsc[k].x);
-        pv[k][1] = pool2_fast(akv[k].y, asc[k].y, bkv[k].y, bsc[k].y);
-        pv[k][2] = pool2_fast(akv[k].z, asc[k].z, bkv[k].z, bsc[k].z);
-        pv[k][3] = pool2_fast(akv[k].w, asc[k].w, bkv[k].w, bsc[k].w);
-      } else {
-        pv[k][0] = bkv[k].x;
-        pv[k][1] = bkv[k].y;
-        pv[k][2] = bkv[k].z;
-        pv[k][3] = bkv[k].w;
-      }
-      const int d = 4 * gt + 128 * G * k;
-      st4(pooled + pooled_index(d), make_float4(pv[k][0], pv[k][1], pv[k][2], pv[k][3]));
+    // 2. pool
+    float pv[4];
+    if constexpr (R == 2) {
+      const float4 a1[1] = {akv}, a2[1] = {asc}, b1[1] = {bkv}, b2[1] = {bsc};
+      float4 o[1];
+      pool2_vec<1>(a1, a2, b1, b2, o);
+      pv[0] = o[0].x;
+      pv[1] = o[0].y;
+      pv[2] = o[0].z;
+      pv[3] = o[0].w;
+    } else {
+      pv[0] = bkv.x;
+      pv[1] = bkv.y;
+      pv[2] = bkv.z;
+      pv[3] = bkv.w;
     }
-    if constexpr (G == 1) __syncwarp();
-    else __syncthreads();
-
-    // ---------------------------------------------------------------- 3. RMS (normative order)
-    float rs = 0.0f;
+    st4(pooled + pooled_index(d0), make_float4(pv[0], pv[1], pv[2], pv[3]));
+    __syncthreads();
+    // 3. RMS (normative order) on warp 0
     if (gt < 32) {
       float part = 0.0f;
 #pragma unroll
@@ -172,94 +494,81 @@ __global__ void __launch_bounds__(G == 1 ? 256 : 128)
 #pragma unroll
       for (int h = 16; h >= 1; h >>= 1)
         part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
-      const float sum = __shfl_sync(0xFFFFFFFFu, part, 0);
-      rs = cmath::rms_inverse(sum, p.eps);
-      if constexpr (G != 1) {
-        if (gt == 0) smem_rs = rs;
-      }
+      if (gt == 0) smem_rs = cmath::rms_inverse(part, p.eps);
     }
-    if constexpr (G != 1) {
-      __syncthreads();
-      rs = smem_rs;
-    }
-
-    // ---------------------------------------------------------------- 4. latent (writer layout)
-    float pw[E];
-    if constexpr (G == 1) {
+    __syncthreads();
+    const float rs = smem_rs;
+    // 4. latent (writer layout == load layout)
+    // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
+    float f[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const float4 v = ld4(pooled + pooled_index(d0 + 4 * c));
-        pw[4 * c] = v.x;
-        pw[4 * c + 1] = v.y;
-        pw[4 * c + 2] = v.z;
-        pw[4 * c + 3] = v.w;
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) pw[i] = pv[0][i];  // writer layout == load layout
-    }
-    uint16_t lat[E];
-    float x[E];
-#pragma unroll
-    for (int i = 0; i < E; ++i) {
-      lat[i] = cmath::latent_value(pw[i], rs, wb[i]);
-      x[i] = num::bf16_decode(lat[i]);
-    }
-    if (p.latent != nullptr) {
-      uint32_t w[E / 2];
-      pack_bf16<E>(lat, w);
-      store_words<E / 2>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), w);
-    }
+    for (int i = 0; i < 4; ++i)
+      f[i] = num::mul_rn(num::mul_rn(pv[i], rs), num::bf16_decode(wb[i]));
+    uint32_t lw[2];
+    bf16_encode_packed<4>(f, lw);
+    float x[4];
+    bf16_decode_packed<4>(lw, x);
+    if (p.latent != nullptr)
+      store_words<2>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), lw);
     if constexpr (F != kNoRecord) {
-      if (do_insert) {
-        float y[E];
-        rope_thread<E>(d0, trow, x, y);
-        write_record<F, E>(p.cache, islot, gt, x, y);
+      if (slot_ins >= 0) {
+        float y[4];
+        rope_apply<4>(d0, rc, rsn, x, y);
+        write_record<F, 4>(p.cache, slot_ins, gt, x, y);
       }
     }
-    (void)wv;
   }
 
-  // ---------------------------------------------------------------- tail store (SPEC 4.5)
+  // tail store (SPEC 4.5)
   if constexpr (R == 2) {
     if (tail) {
-      // Every ring read of this program happened above, before the group barrier; rows are
-      // copied in ascending token order.
+      // Every ring read of this program (the predecessor row) was consumed by the pool before
+      // the block barriers above; rows are copied in ascending token order. Row s was loaded
+      // into registers (bkv, bsc) and its slot into sl_s.
       const int64_t n = (e - s) < p.cap ? (e - s) : p.cap;
       for (int64_t kk = 0; kk < n; ++kk) {
         const int64_t tt = e - n + kk;
-        const int64_t sl = p.slot[tt];
-        if (sl < 0 || sl >= p.ring_slots) continue;
+        const int64_t st = tt == s ? sl_s : p.slot[tt];
+        if (st < 0 || st >= p.ring_slots) continue;
         int64_t blk, row;
-        divmod(sl, p.cap, blk, row);
+        divmod(st, p.cap, blk, row);
         float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
         const bool d_al = aligned16(dst);
-        if (G != 1 && tt == s && t == s) {
-#pragma unroll
-          for (int k = 0; k < K; ++k) {
-            const int d = 4 * gt + 128 * G * k;
-            st4_any(dst + d, bkv[k], d_al);
-            st4_any(dst + kLatentDim + d, bsc[k], d_al);
-          }
+        if (tt == s) {
+          st4_any(dst + d0, bkv, d_al);
+          st4_any(dst + kLatentDim + d0, bsc, d_al);
         } else {
           const float* src = p.kv + tt * p.kv_stride;
-#pragma unroll
-          for (int i = 4 * gt; i < kRingRowFloats; i += 4 * kThreads)
-            st4_any(dst + i, ld4(src + i), d_al);
+          const float4 v0 = ld4(src + d0), v1 = ld4(src + kLatentDim + d0);
+          st4_any(dst + d0, v0, d_al);
+          st4_any(dst + kLatentDim + d0, v1, d_al);
         }
       }
     }
   }
 }
 
-template <int R, int G, int F>
-void launch_compress_rg(const CompressParams& p, cudaStream_t stream) {
-  constexpr int kPerBlock = G == 1 ? 8 : 1;
+// Programs per warp of the streaming kernel.
+template <int R>
+inline constexpr int kChunk = R == 2 ? 16 : 32;
+
+template <int R, int F>
+void launch_compress_stream(const CompressParams& p, cudaStream_t stream) {
+  constexpr int C = kChunk<R>;
+  const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
+  const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
+  if (warps <= 0) return;
+  const int64_t blocks = (warps + 3) / 4;
+  compress_stream_kernel<R, F, C><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("compress_stream_kernel");
+}
+
+template <int R, int F>
+void launch_compress_g4(const CompressParams& p, cudaStream_t stream) {
   const int64_t programs = compress_programs(R, p.N, p.num_reqs);
   if (programs <= 0) return;
-  const int64_t blocks = (programs + kPerBlock - 1) / kPerBlock;
-  compress_kernel<R, G, F><<<static_cast<unsigned>(blocks), 32 * G * kPerBlock, 0, stream>>>(p);
-  DSV41KV_CUDA_CHECK_LAUNCH("compress_kernel");
+  compress_kernel_g4<R, F><<<static_cast<unsigned>(programs), 128, 0, stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("compress_kernel_g4");
 }
 
 template <int F>
@@ -267,11 +576,11 @@ void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream) {
   const int force = program_warps_override();
   const bool small = force == 4 || (force != 1 && compress_programs(ratio, p.N, p.num_reqs) <= kSmallGridPrograms);
   if (ratio == 1) {
-    if (small) launch_compress_rg<1, 4, F>(p, stream);
-    else launch_compress_rg<1, 1, F>(p, stream);
+    if (small) launch_compress_g4<1, F>(p, stream);
+    else launch_compress_stream<1, F>(p, stream);
   } else {
-    if (small) launch_compress_rg<2, 4, F>(p, stream);
-    else launch_compress_rg<2, 1, F>(p, stream);
+    if (small) launch_compress_g4<2, F>(p, stream);
+    else launch_compress_stream<2, F>(p, stream);
   }
 }
 
