@@ -7,6 +7,7 @@
 
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/pcp.hpp"
+#include "pcp/layer_step_common.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -146,56 +147,18 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
   // What compress() reads: the link's lookups (the drop mutation replaces them by ring reads).
   std::vector<int64_t> indices = res.link.prev_row_indices;
   if (a.mutation == Mutation::kDropGatheredPredecessors) std::fill(indices.begin(), indices.end(), -1);
-  if (padded > 0) {
-    CompressArgs c;
-    c.ratio = a.ratio;
-    c.kv_score = a.kv_score;
-    c.positions = a.positions;
-    c.slot_mapping = slot_mapping;
-    c.norm_weight = a.norm_weight;
-    c.eps = a.eps;
-    c.latent_out = a.latent;
-    if (a.ratio == 2) {
-      c.ring = a.ring;
-      c.qsl = a.qsl;
-      c.token_to_req = a.token_to_req;
-      c.token_to_req.shape[0] = padded;
-      c.policy = RingPolicy::kOpenRow;
-      const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
-      if (Gr > 0)
-        c.prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
-      if (res.link.R > 0)
-        c.prev_row_indices = TensorView::contiguous(indices.data(), DType::I64, {res.link.R});
-    }
-    compress(c, a.exec);
-    if (a.ratio == 2 && a.mutation != Mutation::kSkipSaveRingRows && !res.prev_rows.empty()) {
-      SaveRingRowsArgs s;
-      const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
-      s.prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
-      s.ring_write_slots = TensorView::contiguous(res.link.ring_write_slots.data(), DType::I64, {Gr});
-      s.ring = a.ring;
-      save_ring_rows(s, a.exec);
-    }
+  TensorView prev_rows, prev_idx, wslots;
+  const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
+  if (a.ratio == 2 && Gr > 0) {
+    prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
+    wslots = TensorView::contiguous(res.link.ring_write_slots.data(), DType::I64, {Gr});
   }
+  if (a.ratio == 2 && res.link.R > 0)
+    prev_idx = TensorView::contiguous(indices.data(), DType::I64, {res.link.R});
+  step_common::open_row_compress(a, padded, slot_mapping, prev_rows, prev_idx, wslots, a.exec);
 
   // Latents of every rank, then every rank inserts every closing token once (SPEC 7.6).
-  comm.all_gather(a.latent.data, static_cast<size_t>(padded) * kLatentDim * 2, a.gathered_latent.data);
-  res.volume.latents_sent = static_cast<uint64_t>(padded) * kLatentDim * 2;
-  res.volume.latents_received = static_cast<uint64_t>(G) * kLatentDim * 2;
-  if (G > 0) {
-    for (const CacheView& cache : a.caches) {
-      InsertArgs ins;
-      ins.ratio = a.ratio;
-      ins.latent = a.gathered_latent;
-      ins.latent.shape[0] = G;
-      ins.positions = a.gathered_positions;
-      ins.positions.shape[0] = G;
-      ins.rope_table = a.rope_table;
-      ins.slots = a.gathered_cslots;
-      ins.cache = cache;
-      insert(ins, a.exec);
-    }
-  }
+  step_common::gather_latents_and_insert(a, comm, padded, Device::CPU, a.exec, res.volume);
   return res;
 }
 

@@ -15,6 +15,7 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/pcp_cuda.hpp"
 #include "dsv41kv/pcp_step_cuda.hpp"
+#include "pcp/layer_step_common.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -189,53 +190,16 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
     DSV41KV_CUDA_CHECK(cudaMemsetAsync(d_use_idx, 0xFF, static_cast<size_t>(R) * sizeof(int64_t), stream));
   }
   const int64_t Gr = static_cast<int64_t>(P) * rows;
-  if (padded > 0) {
-    CompressArgs c;
-    c.ratio = a.ratio;
-    c.kv_score = a.kv_score;
-    c.positions = a.positions;
-    c.slot_mapping = slot_mapping;
-    c.norm_weight = a.norm_weight;
-    c.eps = a.eps;
-    c.latent_out = a.latent;
-    if (a.ratio == 2) {
-      c.ring = a.ring;
-      c.qsl = a.qsl;
-      c.token_to_req = a.token_to_req;
-      c.token_to_req.shape[0] = padded;
-      c.policy = RingPolicy::kOpenRow;
-      if (Gr > 0) c.prev_rows = TensorView::contiguous(d_prev, DType::F32, {Gr, kRingRowFloats}, Device::CUDA);
-      if (R > 0) c.prev_row_indices = TensorView::contiguous(d_use_idx, DType::I64, {R}, Device::CUDA);
-    }
-    compress(c, ctx);
-    if (a.ratio == 2 && a.mutation != Mutation::kSkipSaveRingRows && Gr > 0) {
-      SaveRingRowsArgs s;
-      s.prev_rows = TensorView::contiguous(d_prev, DType::F32, {Gr, kRingRowFloats}, Device::CUDA);
-      s.ring_write_slots = TensorView::contiguous(d_wslots, DType::I64, {Gr}, Device::CUDA);
-      s.ring = a.ring;
-      save_ring_rows(s, ctx);
-    }
+  TensorView prev_rows, prev_idx, wslots;
+  if (a.ratio == 2 && Gr > 0) {
+    prev_rows = TensorView::contiguous(d_prev, DType::F32, {Gr, kRingRowFloats}, Device::CUDA);
+    wslots = TensorView::contiguous(d_wslots, DType::I64, {Gr}, Device::CUDA);
   }
+  if (a.ratio == 2 && R > 0) prev_idx = TensorView::contiguous(d_use_idx, DType::I64, {R}, Device::CUDA);
+  step_common::open_row_compress(a, padded, slot_mapping, prev_rows, prev_idx, wslots, ctx);
 
   // Latents of every rank, then every rank inserts every closing token once (SPEC 7.6).
-  comm.all_gather(a.latent.data, static_cast<size_t>(padded) * kLatentDim * 2, a.gathered_latent.data, Device::CUDA,
-                  ctx);
-  res.volume.latents_sent = static_cast<uint64_t>(padded) * kLatentDim * 2;
-  res.volume.latents_received = static_cast<uint64_t>(G) * kLatentDim * 2;
-  if (G > 0) {
-    for (const CacheView& cache : a.caches) {
-      InsertArgs ins;
-      ins.ratio = a.ratio;
-      ins.latent = a.gathered_latent;
-      ins.latent.shape[0] = G;
-      ins.positions = a.gathered_positions;
-      ins.positions.shape[0] = G;
-      ins.rope_table = a.rope_table;
-      ins.slots = a.gathered_cslots;
-      ins.cache = cache;
-      insert(ins, ctx);
-    }
-  }
+  step_common::gather_latents_and_insert(a, comm, padded, Device::CUDA, ctx, res.volume);
 
   // The link and the gathered last rows on the host (one synchronisation per step).
   if (a.ratio == 2) {

@@ -1,0 +1,60 @@
+#include "pcp/layer_step_common.hpp"
+
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::pcp::step_common {
+
+void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView& slot_mapping,
+                       const TensorView& prev_rows, const TensorView& prev_row_indices,
+                       const TensorView& ring_write_slots, const ExecContext& ctx) {
+  if (padded <= 0) return;
+  CompressArgs c;
+  c.ratio = a.ratio;
+  c.kv_score = a.kv_score;
+  c.positions = a.positions;
+  c.slot_mapping = slot_mapping;
+  c.norm_weight = a.norm_weight;
+  c.eps = a.eps;
+  c.latent_out = a.latent;
+  if (a.ratio == 2) {
+    c.ring = a.ring;
+    c.qsl = a.qsl;
+    c.token_to_req = a.token_to_req;
+    c.token_to_req.shape[0] = padded;
+    c.policy = RingPolicy::kOpenRow;
+    c.prev_rows = prev_rows;
+    c.prev_row_indices = prev_row_indices;
+  }
+  compress(c, ctx);
+  if (a.ratio == 2 && a.mutation != Mutation::kSkipSaveRingRows && prev_rows.present()) {
+    SaveRingRowsArgs s;
+    s.prev_rows = prev_rows;
+    s.ring_write_slots = ring_write_slots;
+    s.ring = a.ring;
+    save_ring_rows(s, ctx);
+  }
+}
+
+void gather_latents_and_insert(const LayerStepArgs& a, Communicator& comm, int64_t padded,
+                               Device device, const ExecContext& ctx, CommVolume& vol) {
+  const int64_t G = static_cast<int64_t>(comm.size()) * padded;
+  const size_t bytes = static_cast<size_t>(padded) * kLatentDim * 2;
+  comm.all_gather(a.latent.data, bytes, a.gathered_latent.data, device, ctx);
+  vol.latents_sent = bytes;
+  vol.latents_received = static_cast<uint64_t>(G) * kLatentDim * 2;
+  if (G == 0) return;
+  for (const CacheView& cache : a.caches) {
+    InsertArgs ins;
+    ins.ratio = a.ratio;
+    ins.latent = a.gathered_latent;
+    ins.latent.shape[0] = G;
+    ins.positions = a.gathered_positions;
+    ins.positions.shape[0] = G;
+    ins.rope_table = a.rope_table;
+    ins.slots = a.gathered_cslots;
+    ins.cache = cache;
+    insert(ins, ctx);
+  }
+}
+
+}  // namespace dsv41kv::pcp::step_common

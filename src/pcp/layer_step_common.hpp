@@ -1,0 +1,32 @@
+// The device-independent tail of one rank's PCP layer step (SPEC 7.5-7.6), shared by the host
+// step (layer_step.cpp) and the device step (layer_step_cuda.cpp): the open-row compress,
+// save_ring_rows, the all-gather of the latents and the inserts over the gathered rows. The
+// views say where the data lives; the public API dispatches on that.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv41kv/comm.hpp"
+#include "dsv41kv/compressor.hpp"
+#include "dsv41kv/pcp.hpp"
+
+namespace dsv41kv::pcp::step_common {
+
+// compress() with policy kOpenRow (ratio 2) or the plain ratio-1 compress, then, for ratio 2,
+// save_ring_rows() (unless the test mutation skips it).
+//   slot_mapping      i64 [padded]: ring slots (ratio 2) or this rank's chunk of the gathered
+//                     compressed slots (ratio 1)
+//   prev_rows         f32 [Gr, 1024] gathered last rows, or absent (Gr == 0)
+//   prev_row_indices  i64 [R], or absent (R == 0)
+//   ring_write_slots  i64 [Gr] (ratio 2 with Gr > 0)
+void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView& slot_mapping,
+                       const TensorView& prev_rows, const TensorView& prev_row_indices,
+                       const TensorView& ring_write_slots, const ExecContext& ctx);
+
+// All-gathers this rank's latents ([padded, 512] bf16) into a.gathered_latent and inserts
+// every gathered closing token into every cache of the rank (every rank writes each one once);
+// records the latent volume in `vol`.
+void gather_latents_and_insert(const LayerStepArgs& a, Communicator& comm, int64_t padded,
+                               Device device, const ExecContext& ctx, CommVolume& vol);
+
+}  // namespace dsv41kv::pcp::step_common
