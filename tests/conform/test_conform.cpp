@@ -1,17 +1,14 @@
 // The conformance runner (library + `dsv41kv conform` CLI) on the shipped files, on malformed
 // files, on doctored references (the checks must catch them), and --dump round trips.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include "dsv41kv/conformance.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/safetensors.hpp"
+#include "support/cli.hpp"
 #include "support/paths.hpp"
 
 namespace fs = std::filesystem;
@@ -24,48 +21,12 @@ const char* kR1 = "compress_r1_shared.safetensors";
 const char* kR2 = "compress_r2_shared.safetensors";
 std::string shipped(const char* name) { return test::conformance_dir() + "/" + name; }
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() /
-           ("dsv41kv_conform_" + std::to_string(getpid()) + "_" + std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string operator/(const std::string& name) const { return (path / name).string(); }
-};
+using test::CliRun;
+using test::slurp;
+using test::TempDir;
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-  std::string last_line() const {
-    std::string s = out;
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    const auto nl = s.rfind('\n');
-    return nl == std::string::npos ? s : s.substr(nl + 1);
-  }
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-CliRun run_cli(const std::string& args, const TempDir& tmp) {
-  const std::string out = tmp / "stdout.txt", err = tmp / "stderr.txt";
-  const std::string cmd = "'" + test::cli_path() + "' conform " + args + " > '" + out + "' 2> '" + err + "'";
-  const int st = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
+// `dsv41kv conform <args>`
+CliRun conform_cli(const std::string& args, const TempDir& tmp) { return test::run_cli("conform " + args, tmp); }
 
 // A copy of `src` with tensor `name` replaced by `edit(bytes)`.
 template <class Fn>
@@ -90,7 +51,7 @@ void write_doctored(const std::string& src, const std::string& dst, const std::s
 // The acceptance criterion: every check of the shipped files passes.
 TEST(ConformCli, ShippedFilesPass) {
   TempDir tmp;
-  const CliRun r = run_cli("'" + shipped(kR1) + "' '" + shipped(kR2) + "'", tmp);
+  const CliRun r = conform_cli("'" + shipped(kR1) + "' '" + shipped(kR2) + "'", tmp);
   EXPECT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_EQ(r.last_line(), "96 passed, 0 failed") << r.out;
   // one line per case and check: 2 files x 8 cases x (latent + 5 formats) + the summary
@@ -128,7 +89,7 @@ TEST(ConformCli, MalformedOrMissingFileExits2) {
   {  // truncated in the data area
     const std::string cut = tmp / "cut.safetensors";
     write_file_atomic(cut, std::span<const uint8_t>(full.data(), full.size() - 1000));
-    const CliRun r = run_cli("'" + cut + "'", tmp);
+    const CliRun r = conform_cli("'" + cut + "'", tmp);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_NE(r.err.find("cut.safetensors"), std::string::npos) << r.err;
     EXPECT_EQ(r.last_line(), "0 passed, 0 failed");
@@ -136,12 +97,12 @@ TEST(ConformCli, MalformedOrMissingFileExits2) {
   {  // truncated inside the header
     const std::string cut = tmp / "cut2.safetensors";
     write_file_atomic(cut, std::span<const uint8_t>(full.data(), 500));
-    const CliRun r = run_cli("'" + cut + "'", tmp);
+    const CliRun r = conform_cli("'" + cut + "'", tmp);
     EXPECT_EQ(r.code, 2) << r.out << r.err;
     EXPECT_NE(r.err.find("cut2.safetensors"), std::string::npos) << r.err;
   }
   {  // missing file; the good file is still run
-    const CliRun r = run_cli("'" + (tmp / "nope.safetensors") + "' '" + shipped(kR2) + "'", tmp);
+    const CliRun r = conform_cli("'" + (tmp / "nope.safetensors") + "' '" + shipped(kR2) + "'", tmp);
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("nope.safetensors"), std::string::npos) << r.err;
     EXPECT_NE(r.out.find("r2 c0 prefill"), std::string::npos);
@@ -152,7 +113,7 @@ TEST(ConformCli, MalformedOrMissingFileExits2) {
     w.add<float>("x", {1}, x);
     const std::string p = tmp / "nometa.safetensors";
     w.write(p);
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("dsv41"), std::string::npos) << r.err;
   }
@@ -166,16 +127,16 @@ TEST(ConformCli, MalformedOrMissingFileExits2) {
     for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
     const std::string p = tmp / "shape.safetensors";
     w.write(p);
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("c3.cache_v4_584"), std::string::npos) << r.err;
   }
   {  // no file at all
-    const CliRun r = run_cli("", tmp);
+    const CliRun r = conform_cli("", tmp);
     EXPECT_EQ(r.code, 2);
   }
   {  // bad device
-    const CliRun r = run_cli("--device tpu '" + shipped(kR1) + "'", tmp);
+    const CliRun r = conform_cli("--device tpu '" + shipped(kR1) + "'", tmp);
     EXPECT_EQ(r.code, 2);
   }
 }
@@ -187,7 +148,7 @@ TEST(ConformCli, DoctoredReferencesFail) {
   {  // last byte of the v4_584 backing is page padding: make it non-canary
     const std::string p = tmp / "stray.safetensors";
     write_doctored(shipped(kR2), p, "c0.cache_v4_584", [](std::vector<uint8_t>& b) { b.back() ^= 0xFF; });
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 1) << r.out << r.err;
     EXPECT_NE(r.out.find("r2 c0 prefill          v4_584     FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("stray bytes"), std::string::npos) << r.out;
@@ -206,7 +167,7 @@ TEST(ConformCli, DoctoredReferencesFail) {
     const size_t elem = static_cast<size_t>((slot / S) * page_stride + (slot % S) * 512 + 7);
     const std::string p = tmp / "record.safetensors";
     write_doctored(shipped(kR1), p, "c0.cache_bf16", [&](std::vector<uint8_t>& b) { b[2 * elem + 1] ^= 0x40; });
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 1) << r.out << r.err;
     EXPECT_NE(r.out.find("r1 c0 prefill          bf16       FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("beyond one quantization step"), std::string::npos) << r.out;
@@ -224,7 +185,7 @@ TEST(ConformCli, DoctoredReferencesFail) {
     ASSERT_LT(at, lat.size());
     const std::string p = tmp / "latent.safetensors";
     write_doctored(shipped(kR1), p, "c0.latent_out", [&](std::vector<uint8_t>& b) { b[2 * at] += 2; });
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 1) << r.out << r.err;
     EXPECT_NE(r.out.find("r1 c0 prefill          latent     FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("1 elements beyond tolerance"), std::string::npos) << r.out;
@@ -232,7 +193,7 @@ TEST(ConformCli, DoctoredReferencesFail) {
   {  // ring_out
     const std::string p = tmp / "ring.safetensors";
     write_doctored(shipped(kR2), p, "c1.ring_out", [](std::vector<uint8_t>& b) { b[4 * 9000] ^= 1; });
-    const CliRun r = run_cli("'" + p + "'", tmp);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 1);
     EXPECT_NE(r.out.find("r2 c1 decode           latent     FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("ring_out 1 floats differ"), std::string::npos) << r.out;
@@ -248,7 +209,7 @@ TEST(ConformCli, DumpRoundTrip) {
     write_file_atomic(gz, bytes, /*gzip=*/true);
   }
   const std::string dump_dir = tmp / "dump";
-  const CliRun r = run_cli("--dump '" + dump_dir + "' '" + shipped(kR1) + "' '" + gz + "'", tmp);
+  const CliRun r = conform_cli("--dump '" + dump_dir + "' '" + shipped(kR1) + "' '" + gz + "'", tmp);
   EXPECT_TRUE(r.code == 0 || r.code == 1) << r.err;
   for (const char* name : {kR1, kR2}) {
     const std::string dumped = dump_dir + "/" + name;
@@ -284,7 +245,7 @@ TEST(ConformCli, DumpRoundTrip) {
     for (const auto& c : again.cases)
       for (const auto& fc : c.formats) EXPECT_EQ(fc.identical, fc.records) << c.name;
   }
-  const CliRun again = run_cli("'" + dump_dir + "/" + kR1 + "' '" + dump_dir + "/" + kR2 + "'", tmp);
+  const CliRun again = conform_cli("'" + dump_dir + "/" + kR1 + "' '" + dump_dir + "/" + kR2 + "'", tmp);
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_EQ(again.last_line(), "96 passed, 0 failed");
 }
@@ -323,8 +284,8 @@ TEST(ConformCli, CudaMatchesCpu) {
   if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device: " << cuda_device_description();
   TempDir tmp;
   const std::string files = "'" + shipped(kR1) + "' '" + shipped(kR2) + "'";
-  const CliRun cpu = run_cli("--device cpu --dump '" + (tmp / "cpu") + "' " + files, tmp);
-  const CliRun gpu = run_cli("--device cuda --dump '" + (tmp / "cuda") + "' " + files, tmp);
+  const CliRun cpu = conform_cli("--device cpu --dump '" + (tmp / "cpu") + "' " + files, tmp);
+  const CliRun gpu = conform_cli("--device cuda --dump '" + (tmp / "cuda") + "' " + files, tmp);
   EXPECT_EQ(cpu.code, gpu.code) << gpu.err;
   auto strip = [](std::string s) {  // the "dumped <path>" lines name different folders
     std::string out, line;
