@@ -129,25 +129,52 @@ __device__ __forceinline__ void pool_weights_fast(float ex, float& w1, float& wx
   wx = __fmaf_rn(r, __fmaf_rn(-den, q0, ex), q0);
 }
 
+// exp32_nonpos without its special-case selects, for x in [-41, 0] only: there t >= -59.2, so
+// ju lies in [-59, 0] (never the subnormal scaling, x is neither < -104 nor NaN) and the value
+// is p * 2^ju, exactly what exp32_nonpos returns (its second factor is 1.0f). Outside that range
+// the result is garbage and must not be used (pool2_try guards on x).
+__device__ __forceinline__ float exp32_mid(float x) {
+  const float t = num::mul_rn(x, 1.44269502162933349609375f);
+  const float s = num::add_rn(t, 12582912.0f);
+  const float j = num::sub_rn(s, 12582912.0f);
+  float r = num::fma_rn(j, -0.693359375f, x);
+  r = num::fma_rn(j, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = num::fma_rn(p, r, 1.3981999507e-3f);
+  p = num::fma_rn(p, r, 8.3334519073e-3f);
+  p = num::fma_rn(p, r, 4.1665795894e-2f);
+  p = num::fma_rn(p, r, 1.6666665459e-1f);
+  p = num::fma_rn(p, r, 5.0000001201e-1f);
+  p = num::fma_rn(p, r, 1.0f);
+  p = num::fma_rn(p, r, 1.0f);
+  // (ju + 127) << 23 with ju = f2u(s) - 0x4B400000 (0x4B400000 << 23 == 0 mod 2^32)
+  return num::mul_rn(p, num::u2f((num::f2u(s) << 23) + 0x3F800000u));
+}
+
 // pool2 without branches for the common case; ok = false when the value must come from
-// pool2_exact instead (neither score is the maximum -- non-finite scores --, or the exponential
-// ex lies outside [2^-60, 1]). When ok, the value is pool2_exact's:
-//  * one of ea, eb is exactly 1, the other is ex; den = add_rn(1, ex);
-//  * the two weights 1/den and ex/den share one reciprocal seed and follow the operation
+// pool2_exact instead. With d = sub_rn(a_score, b_score) and x = -|d|:
+//  * ok = (x >= -41): false for NaN/Inf differences, so ok implies both scores finite;
+//  * for finite scores pool2_exact's max is m = (a > b ? a : b) and its zero difference is
+//    za = (a_score - m == 0) == (a_score >= b_score) (no flush to zero: a - b == 0 iff a == b;
+//    for a == b, m = b and a - b is +-0); its other difference is b - a (za) or a - b (!za),
+//    both == x because RN is symmetric (b - a == -(a - b)); for a == b pool2_exact takes
+//    exp32(+0) and this exp32(-0), both exactly 1;
+//  * for x in [-41, 0]: exp32_mid(x) == exp32_nonpos(x) == exp32(x) (see exp32_mid; exp32_nonpos
+//    checked for all 2^32 inputs on the H200), and exp32(x) lies in [2^-60, 1] (checked on the
+//    host for every x in [-41, -0]: docs/perf-notes.md v4), the range where
+//    the two weights 1/den and ex/den share one reciprocal seed and follow the operation
 //    sequence of the compiler's div.rn.f32 fast path (r0 = rcp.approx; r = r0 + r0*(1 - den*r0);
 //    q0 = a*r; q = q0 + r*(a - den*q0), all fma; for a = 1, q0 = r); for every ex in
 //    [2^-60, 1] both equal div_rn's bits (checked exhaustively on the H200, docs/perf-notes.md).
 __device__ __forceinline__ float pool2_try(float a_kv, float a_score, float b_kv, float b_score,
                                            bool& ok) {
-  const float m = num::max_f(a_score, b_score);
-  const float da = num::sub_rn(a_score, m);
-  const float db = num::sub_rn(b_score, m);
-  const bool za = (da == 0.0f);
-  const bool zb = (db == 0.0f);
-  const float ex = exp32_nonpos(za ? db : da);
+  const float d = num::sub_rn(a_score, b_score);
+  const bool za = a_score >= b_score;
+  const float x = -fabsf(d);  // exact; abs/neg become operand modifiers
+  ok = x >= -41.0f;
+  const float ex = exp32_mid(x);
   float w1, wx;
   pool_weights_fast(ex, w1, wx);
-  ok = (za || zb) && pool_fast_range(ex);
   const float wa = za ? w1 : wx;
   const float wb = za ? wx : w1;
   return num::add_rn(num::mul_rn(a_kv, wa), num::mul_rn(b_kv, wb));
@@ -201,7 +228,24 @@ __device__ __forceinline__ void pool2_vec(const float4 (&akv)[N], const float4 (
 //    (T*sd a power of two) needs T and sd powers of two, where the division is exact;
 //  - RN is monotone, so every other |v| lands on the same side of T as |v|/sd.
 // The sign is the sign bit of v (sd > 0), as the sign of the quotient (also for -0).
+// The count of thresholds passed is found by a binary search (3 compares instead of 7): the
+// thresholds are strictly increasing (T*sd exact, sd > 0) and passing one (> or >=) implies
+// passing every lower one (a >= thr[j] > thr[k] for k < j), so the count is the index of the
+// first threshold not passed: bit 2 = (a >= thr[3]), bit 1 = (a >= thr[5] or thr[1]), bit 0 =
+// (a > thr[6], thr[4], thr[2] or thr[0]); equal to the 7-compare count for every a (checked on
+// the host for every e4m3 scale, docs/perf-notes.md v4).
 DSV41KV_HD uint8_t e2m1_quotient_code(float v, const float (&thr)[7]) {
+  const float a = num::abs_f(v);
+  const bool b2 = a >= thr[3];
+  const bool b1 = a >= (b2 ? thr[5] : thr[1]);
+  const float tl = b2 ? thr[4] : thr[0];
+  const float th = b2 ? thr[6] : thr[2];
+  const bool b0 = a > (b1 ? th : tl);
+  const uint32_t c = (b2 ? 4u : 0u) | (b1 ? 2u : 0u) | (b0 ? 1u : 0u);
+  return static_cast<uint8_t>(c | ((num::f2u(v) >> 31) << 3));
+}
+// The 7-compare form (reference of the check above).
+DSV41KV_HD uint8_t e2m1_quotient_code_count(float v, const float (&thr)[7]) {
   const float a = num::abs_f(v);
   const int c = static_cast<int>(a > thr[0]) + static_cast<int>(a >= thr[1]) +
                 static_cast<int>(a > thr[2]) + static_cast<int>(a >= thr[3]) +
