@@ -368,27 +368,25 @@ __device__ __forceinline__ void load_bf16(const uint16_t* src, float (&x)[E], ui
 }
 
 // num::bf16_encode of E values, packed two per word (even index in the low half), with the
-// hardware conversion cvt.rn.bf16x2.f32 (round to nearest even, the rounding bf16_encode
-// implements on the bits) for normal finite values; if any value is zero, subnormal, infinite
-// or NaN (bf16_encode's canonical NaN 0x7FC0 differs from the hardware's), all E are encoded by
-// bf16_encode. The hardware result was compared with bf16_encode for every normal finite fp32
-// value on the H200 (docs/perf-notes.md).
+// hardware conversion cvt.rn.bf16x2.f32 (round to nearest even, no flush to zero: the rounding
+// bf16_encode implements on the bits, subnormals, zeros, infinities and overflow to infinity
+// included) when no value is a NaN; if any is (bf16_encode's canonical NaN 0x7FC0 differs from
+// the hardware's), all E are encoded by bf16_encode. The hardware result was compared with
+// bf16_encode for every non-NaN fp32 pattern on the H200 (docs/perf-notes.md v5).
 __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-__device__ __forceinline__ bool bf16_hw_ok(float v) {
-  const float a = num::abs_f(v);
-  return a >= 1.17549435e-38f && a <= 3.40282347e+38f;  // normal finite (false for NaN)
-}
+// Neither value is a NaN (one unordered compare).
+__device__ __forceinline__ bool bf16_hw_ok2(float a, float b) { return !isunordered(a, b); }
 template <int E>
 __device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t (&w)[E / 2]) {
   bool ok = true;
 #pragma unroll
   for (int i = 0; i < E / 2; ++i) {
     w[i] = bf16x2_rn_hw(v[2 * i], v[2 * i + 1]);
-    ok = ok && bf16_hw_ok(v[2 * i]) && bf16_hw_ok(v[2 * i + 1]);
+    ok = ok && bf16_hw_ok2(v[2 * i], v[2 * i + 1]);
   }
   if (!ok) {
 #pragma unroll
@@ -518,13 +516,12 @@ __device__ __forceinline__ uint8_t ue8m0_thread(const float (&v)[E], float amax,
 // Writes the record of one state (slot already bounded) cooperatively: thread gt of the
 // program owns dims [E*gt, E*gt + E); x = latent values, y = x after RoPE. All 32 lanes of every
 // warp of the program must call it (shuffles).
+// write_record_at: the same with the slot already split into (page, r) = divmod(slot, c.S).
 template <int F, int E>
-__device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, int gt,
-                                             const float (&x)[E], const float (&y)[E]) {
+__device__ __forceinline__ void write_record_at(const CacheDst& c, int64_t page, int64_t r, int gt,
+                                                const float (&x)[E], const float (&y)[E]) {
   static_assert(E == 16 || E == 4);
   const int d0 = E * gt;
-  int64_t page, r;
-  divmod(slot, c.S, page, r);
   uint8_t* pg = c.base + page * c.page_stride_bytes;
   if constexpr (F == kV4) {
     const uint32_t mb = tile_reduce_bits<64 / E>(local_amax_bits<E>(x));
@@ -605,6 +602,14 @@ __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, in
     }
     store_words<E / 4>(pg + r * c.row_stride_bytes + d0, w);
   }
+}
+
+template <int F, int E>
+__device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, int gt,
+                                             const float (&x)[E], const float (&y)[E]) {
+  int64_t page, r;
+  divmod(slot, c.S, page, r);
+  write_record_at<F, E>(c, page, r, gt, x, y);
 }
 
 }  // namespace dsv41kv::detail::cuda

@@ -105,14 +105,15 @@ __device__ __forceinline__ void load_rows(const CompressParams& p, int64_t t, co
 template <int R>
 __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, int lane, int k,
                                            Rows<R>& b) {
-  const float* brow = p.kv + t * p.kv_stride;
-  const int d = 4 * lane + 128 * k;
-  b.bkv[k] = ld4(brow + d);
+  // the lane's base address once (row pointer + 4*lane), then constant offsets 128*k: lets the
+  // compiler use immediate offsets instead of a 64-bit index computation per group
+  const float* brow = (p.kv + t * p.kv_stride) + 4 * lane;
+  b.bkv[k] = ld4(brow + 128 * k);
   if constexpr (R == 2) {
     const float* arow = brow - p.kv_stride;  // pair programs: the predecessor is row t - 1
-    b.bsc[k] = ld4(brow + kLatentDim + d);
-    b.akv[k] = ld4(arow + d);
-    b.asc[k] = ld4(arow + kLatentDim + d);
+    b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
+    b.akv[k] = ld4(arow + 128 * k);
+    b.asc[k] = ld4(arow + kLatentDim + 128 * k);
   }
 }
 
@@ -123,8 +124,8 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
 // program of the same chunk; -1: none), so that the next program's rows are in flight during
 // the rest of this one.
 template <int R, int F>
-__device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t islot,
-                                             int64_t trow_row, Rows<R>& b, int64_t t_next,
+__device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
+                                             int64_t ir, int64_t trow_row, Rows<R>& b, int64_t t_next,
                                              float* pooled, int lane, const uint32_t (&wpk)[8]) {
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
   //   load layout  d = 4*lane + 128*k : 4*lane + 4*(lane/8) + 144*k
@@ -195,10 +196,10 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   if (p.latent != nullptr)
     store_words<8>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), lw);
   if constexpr (F != kNoRecord) {
-    if (islot >= 0) {
+    if (ipage >= 0) {  // insert into slot ipage * S + ir
       float y[16];
       rope_thread<16>(d0, p.table + trow_row * kRopeDim, x, y);
-      write_record<F, 16>(p.cache, islot, lane, x, y);
+      write_record_at<F, 16>(p.cache, ipage, ir, lane, x, y);
     }
   }
 }
@@ -285,6 +286,9 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
   // metadata of the whole chunk, one program per lane
   int64_t role_t = -1, role_slot = -1, role_row = 0;
   if (lane < n) resolve_role<R, F>(p, first + lane, role_t, role_slot, role_row);
+  // the insert slot as (page, row in page), also resolved in parallel over the lanes
+  int64_t role_page = -1, role_r = 0;
+  if (role_slot >= 0) divmod(role_slot, p.cache.S, role_page, role_r);
 
   Rows<R> A;
   const int nn = static_cast<int>(n);
@@ -296,9 +300,10 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
   for (int i = 0; i < nn; ++i) {
     const int64_t tn = shfl64(role_t, i + 1 < nn ? i + 1 : 0);
     const int64_t t_next = i + 1 < nn ? tn : -1;
-    const int64_t sl = shfl64(role_slot, i), row = shfl64(role_row, i);
+    const int64_t pg = shfl64(role_page, i), row = shfl64(role_row, i);
+    const int64_t ir = shfl64(role_r, i);
     if (t >= 0) {
-      process_warp<R, F>(p, t, sl, row, A, t_next, pooled, lane, wb);
+      process_warp<R, F>(p, t, pg, ir, row, A, t_next, pooled, lane, wb);
     } else if (t_next >= 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) load_group<R>(p, t_next, lane, k, A);
@@ -338,9 +343,10 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
   if (t >= 0) {
     Rows<R> A;
     load_rows<R, true>(p, t, arow, lane, A);
-    int64_t slot_ins, row;
+    int64_t slot_ins, row, ipage = -1, ir = 0;
     insert_decision<R, F>(p, islot, ps, slot_ins, row);
-    process_warp<R, F>(p, t, slot_ins, row, A, -1, pooled, lane, wb);
+    if (slot_ins >= 0) divmod(slot_ins, p.cache.S, ipage, ir);
+    process_warp<R, F>(p, t, ipage, ir, row, A, -1, pooled, lane, wb);
   }
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,
