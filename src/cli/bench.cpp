@@ -75,7 +75,7 @@ struct Baseline {
   }
 };
 
-Baseline load_baseline(const std::string& path) {
+[[maybe_unused]] Baseline load_baseline(const std::string& path) {
   std::ifstream f(path);
   if (!f) fail(ErrorCode::kIo, fmt::format("bench: --baseline {}: cannot open", path));
   nlohmann::json j;
@@ -496,7 +496,7 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({0, 1, 4}));
   cmd->callback([&exit_code] {
     if (device != "cuda") {
-      std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/bench)\n",
+      std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
                    device.c_str());
       exit_code = 2;
       return;
