@@ -97,6 +97,40 @@ __global__ void pool2_special_kernel(unsigned long long* mismatches) {
   if (num::f2u(x) != num::f2u(y)) atomicAdd(mismatches, 1ull);
 }
 
+// Exhaustive sweeps of the later shortcuts (docs/perf-notes.md v2-v5), moved here from the
+// one-off harnesses so that every GPU run re-proves them on the hardware it runs on.
+// bad[0]: bf16x2_rn_hw vs bf16_encode on every non-NaN pattern (paired with a hashed second value)
+// bad[1]: exp32_nonpos vs exp32 on every pattern with !(x > 0)
+// bad[2]: exp32_mid vs exp32 on every x in [-41, 0]
+// bad[3]: pool_weights_fast vs the two IEEE divisions for every ex with pool_fast_range(ex)
+__global__ void shortcut_sweep_kernel(unsigned long long* bad) {
+  unsigned long long b[4] = {0, 0, 0, 0};
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t u = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; u < (1ull << 32); u += stride) {
+    const float x = num::u2f(static_cast<uint32_t>(u));
+    if (x == x) {
+      float y = num::u2f(static_cast<uint32_t>(u * 2654435761ull));
+      if (y != y) y = 0.0f;
+      const uint32_t hw = bf16x2_rn_hw(x, y);
+      const uint32_t sw = num::bf16_encode(x) | (static_cast<uint32_t>(num::bf16_encode(y)) << 16);
+      b[0] += hw != sw;
+    }
+    if (!(x > 0.0f)) {
+      const uint32_t e = num::f2u(num::exp32(x));
+      b[1] += num::f2u(exp32_nonpos(x)) != e;
+      if (x >= -41.0f) b[2] += num::f2u(exp32_mid(x)) != e;
+    }
+    if (pool_fast_range(x)) {
+      float w1, wx;
+      pool_weights_fast(x, w1, wx);
+      const float den = num::add_rn(1.0f, x);
+      b[3] += num::f2u(w1) != num::f2u(num::div_rn(1.0f, den)) || num::f2u(wx) != num::f2u(num::div_rn(x, den));
+    }
+  }
+  for (int i = 0; i < 4; ++i)
+    if (b[i]) atomicAdd(&bad[i], b[i]);
+}
+
 class FastMathGpu : public GpuTest {};
 
 TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
@@ -147,6 +181,21 @@ TEST_F(FastMathGpu, Pool2FastEqualsPool2) {
   GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
   EXPECT_EQ(n, 0ull);
   cudaFree(cnt);
+}
+
+TEST_F(FastMathGpu, LaterShortcutsEqualTheSharedPrimitivesOnEveryInput) {
+  unsigned long long* bad;
+  GPU_CHECK(cudaMalloc(&bad, 4 * sizeof *bad));
+  GPU_CHECK(cudaMemset(bad, 0, 4 * sizeof *bad));
+  shortcut_sweep_kernel<<<132 * 16, 256>>>(bad);
+  GPU_CHECK(cudaGetLastError());
+  unsigned long long n[4] = {};
+  GPU_CHECK(cudaMemcpy(n, bad, sizeof n, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(n[0], 0ull) << "hardware bf16x2 conversion differs from bf16_encode";
+  EXPECT_EQ(n[1], 0ull) << "exp32_nonpos differs from exp32";
+  EXPECT_EQ(n[2], 0ull) << "exp32_mid differs from exp32 on [-41, 0]";
+  EXPECT_EQ(n[3], 0ull) << "pool_weights_fast differs from the IEEE divisions inside pool_fast_range";
+  cudaFree(bad);
 }
 
 // Host versions: these need no GPU.
