@@ -604,6 +604,36 @@ __device__ __forceinline__ void write_record_at(const CacheDst& c, int64_t page,
   }
 }
 
+// The V4 record of one state written by one warp in the writer layout E = 16 (the streaming
+// kernel), without the divergence of write_record_at<kV4, 16> (where lanes 0-27 quantise the
+// NoPE tiles and lanes 28-31 then rotate and encode 8 RoPE pairs each, one path after the
+// other): lanes 0-27 quantise their NoPE dims as there, and then every lane l rotates RoPE pair l
+// (dims 448 + 2l, 449 + 2l with cos/sin entries l and 32 + l of the table row) and stores one
+// bf16x2 word at value byte 448 + 4l. xr0/xr1 are the latent values of the pair (the same
+// bf16-rounded values the owning lane holds in x), cs/sn its table entries. Element-wise the
+// same operations as write_record_at (num::rope_forward, bf16_encode_packed, ue8m0_thread), so
+// the same bytes. All 32 lanes must call it (shuffles).
+__device__ __forceinline__ void write_v4_warp(const CacheDst& c, int64_t page, int64_t r, int lane,
+                                              const float (&x)[16], float xr0, float xr1,
+                                              float cs, float sn) {
+  uint8_t* pg = c.base + page * c.page_stride_bytes;
+  uint8_t* val = pg + V4Layout::value_offset(c.S, r);
+  uint8_t* sc = pg + V4Layout::scale_offset(c.S, r);
+  const uint32_t mb = tile_reduce_bits<4>(local_amax_bits<16>(x));
+  if (lane < kNopeDim / 16) {
+    uint32_t w[4];
+    const uint8_t sb = ue8m0_thread<16>(x, num::u2f(mb), bits_finite(mb), w);
+    store_words<4>(val + 16 * lane, w);
+    if (lane % 4 == 0) sc[lane / 4] = sb;
+  }
+  if (lane == kNopeDim / 16) sc[7] = 0;
+  float y[2];
+  num::rope_forward(xr0, xr1, cs, sn, y[0], y[1]);
+  uint32_t w[1];
+  bf16_encode_packed<2>(y, w);
+  store_words<1>(val + kNopeDim + 4 * lane, w);
+}
+
 template <int F, int E>
 __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, int gt,
                                              const float (&x)[E], const float (&y)[E]) {

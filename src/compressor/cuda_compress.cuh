@@ -126,7 +126,8 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
 template <int R, int F>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
                                              int64_t ir, int64_t trow_row, Rows<R>& b, int64_t t_next,
-                                             float* pooled, int lane, const uint32_t (&wpk)[8]) {
+                                             float* pooled, int lane, const uint32_t (&wpk)[8],
+                                             uint32_t wrope) {
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
   //   load layout  d = 4*lane + 128*k : 4*lane + 4*(lane/8) + 144*k
   //   RMS          d = lane + 32*i    : lane + 36*i
@@ -135,6 +136,17 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   float* const pl = pooled + (4u * ul + 4u * (ul >> 3));
   const float* const pr = pooled + ul;
   const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
+  // RoPE pair `lane` (dims 448 + 2*lane, 449 + 2*lane) is rotated by this lane (every record
+  // format): its table entries are loaded now (in flight during the pool), its pooled values
+  // are read with the lane's other reads of the scratch
+  float rc = 0.0f, rsn = 0.0f;
+  if constexpr (F != kNoRecord) {
+    if (ipage >= 0) {
+      const float* trow = p.table + trow_row * kRopeDim;
+      rc = trow[lane];
+      rsn = trow[kRopeDim / 2 + lane];
+    }
+  }
   // 2. pool, load layout -> shared memory
   if constexpr (R == 2) {
 #pragma unroll
@@ -181,6 +193,9 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
     pw[4 * c + 2] = v.z;
     pw[4 * c + 3] = v.w;
   }
+  // pooled_index(448 + 2*lane) = 504 + 2*lane + 4*(lane/16) (8-byte aligned, conflict-free)
+  float2 pr2 = make_float2(0.0f, 0.0f);
+  if constexpr (F != kNoRecord) pr2 = *reinterpret_cast<const float2*>(pooled + (504u + 2u * ul + 4u * (ul >> 4)));
   __syncwarp();  // every read of `pooled` done: the next program may overwrite it
   // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
   float f[16];
@@ -197,9 +212,32 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
     store_words<8>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), lw);
   if constexpr (F != kNoRecord) {
     if (ipage >= 0) {  // insert into slot ipage * S + ir
-      float y[16];
-      rope_thread<16>(d0, p.table + trow_row * kRopeDim, x, y);
-      write_record_at<F, 16>(p.cache, ipage, ir, lane, x, y);
+      // the latent of the lane's RoPE pair, element-wise as the owning lane (28 + lane/8)
+      // computed it above (same pooled values, rs and weights)
+      const float fr[2] = {num::mul_rn(num::mul_rn(pr2.x, rs), num::u2f(wrope << 16)),
+                           num::mul_rn(num::mul_rn(pr2.y, rs), num::u2f(wrope & 0xFFFF0000u))};
+      uint32_t lr[1];
+      bf16_encode_packed<2>(fr, lr);
+      const float xr0 = num::u2f(lr[0] << 16), xr1 = num::u2f(lr[0] & 0xFFFF0000u);
+      if constexpr (F == kV4) {
+        write_v4_warp(p.cache, ipage, ir, lane, x, xr0, xr1, rc, rsn);
+      } else {
+        // y = x after RoPE: every lane rotates its pair, lanes 28-31 (dims 448 + 16*(lane-28)
+        // + [0, 16) = pairs 8*(lane-28) + [0, 8)) collect theirs with shuffles
+        float q0, q1;
+        num::rope_forward(xr0, xr1, rc, rsn, q0, q1);
+        const int src0 = 8 * (lane & 3);
+        const bool rl = lane >= kNopeDim / 16;
+        float y[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const float a = __shfl_sync(0xFFFFFFFFu, q0, src0 + i);
+          const float b = __shfl_sync(0xFFFFFFFFu, q1, src0 + i);
+          y[2 * i] = rl ? a : x[2 * i];
+          y[2 * i + 1] = rl ? b : x[2 * i + 1];
+        }
+        write_record_at<F, 16>(p.cache, ipage, ir, lane, x, y);
+      }
     }
   }
 }
@@ -243,8 +281,9 @@ __device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
 }
 
 template <int R, int F>
-__device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog, float* pooled,
-                                     int lane, const uint16_t (&wb)[16]);
+__device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
+                                                     float* pooled, int lane,
+                                                     const uint32_t (&wb)[8], uint32_t wrope);
 
 template <int R, int F, int C>
 __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
@@ -263,12 +302,16 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
     wb[0] = u0.x; wb[1] = u0.y; wb[2] = u0.z; wb[3] = u0.w;
     wb[4] = u1.x; wb[5] = u1.y; wb[6] = u1.z; wb[7] = u1.w;
   }
+  // the packed bf16 norm weights of the lane's RoPE pair (dims 448 + 2*lane, +1)
+  uint32_t wrope = 0;
+  if constexpr (F != kNoRecord)
+    wrope = *reinterpret_cast<const uint32_t*>(p.norm_w + kNopeDim + 2 * lane);
 
   int64_t first;       // first program of the chunk
   int64_t n;           // programs in the chunk
   if constexpr (R == 2) {
     if (w < p.num_reqs) {
-      request_program_warp<R, F>(p, w, pooled, lane, wb);
+      request_program_warp<R, F>(p, w, pooled, lane, wb, wrope);
       return;
     }
     const int64_t pairs = (p.N + 1) / 2;
@@ -303,7 +346,7 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
     const int64_t pg = shfl64(role_page, i), row = shfl64(role_row, i);
     const int64_t ir = shfl64(role_r, i);
     if (t >= 0) {
-      process_warp<R, F>(p, t, pg, ir, row, A, t_next, pooled, lane, wb);
+      process_warp<R, F>(p, t, pg, ir, row, A, t_next, pooled, lane, wb, wrope);
     } else if (t_next >= 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) load_group<R>(p, t_next, lane, k, A);
@@ -316,7 +359,7 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
 template <int R, int F>
 __device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
                                                      float* pooled, int lane,
-                                                     const uint32_t (&wb)[8]) {
+                                                     const uint32_t (&wb)[8], uint32_t wrope) {
   const int64_t s = p.qsl[prog];
   const int64_t e = p.qsl[prog + 1];
   if (s < 0 || s >= e || e > p.N) return;
@@ -346,7 +389,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
     int64_t slot_ins, row, ipage = -1, ir = 0;
     insert_decision<R, F>(p, islot, ps, slot_ins, row);
     if (slot_ins >= 0) divmod(slot_ins, p.cache.S, ipage, ir);
-    process_warp<R, F>(p, t, ipage, ir, row, A, -1, pooled, lane, wb);
+    process_warp<R, F>(p, t, ipage, ir, row, A, -1, pooled, lane, wb, wrope);
   }
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,
