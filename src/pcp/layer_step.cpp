@@ -63,17 +63,7 @@ void require(bool ok, const std::string& what) {
 }
 
 void check_view(const TensorView& v, const char* name, DType dt, int64_t rows, int64_t cols) {
-  require(v.present() && v.device == Device::CPU,
-          fmt::format("{}: {} (expected a host view)", name, v.present() ? v.describe() : "absent"));
-  require(v.dtype == dt, fmt::format("{}: {} (expected {})", name, v.describe(), dtype_name(dt)));
-  if (cols == 0) {
-    require(v.ndim == 1 && v.shape[0] >= rows && v.stride[0] == 1,
-            fmt::format("{}: {} (expected contiguous [>= {}])", name, v.describe(), rows));
-  } else {
-    require(v.ndim == 2 && v.shape[0] >= rows && v.shape[1] == cols && v.stride[1] == 1,
-            fmt::format("{}: {} (expected [>= {}, {}] with inner stride 1)", name, v.describe(),
-                        rows, cols));
-  }
+  step_common::check_view("pcp_layer_step", v, name, dt, rows, cols, Device::CPU);
 }
 
 }  // namespace

@@ -1,8 +1,29 @@
 #include "pcp/layer_step_common.hpp"
 
+#include <fmt/format.h>
+
 #include "dsv41kv/records.hpp"
 
 namespace dsv41kv::pcp::step_common {
+
+void check_view(const char* op, const TensorView& v, const char* name, DType dt, int64_t rows,
+                int64_t cols, Device device) {
+  auto require = [op](bool ok, const std::string& what) {
+    if (!ok) invalid_argument(fmt::format("{}: {}", op, what));
+  };
+  require(v.present() && v.device == device,
+          fmt::format("{}: {} (expected a {} view)", name, v.present() ? v.describe() : "absent",
+                      device == Device::CPU ? "host" : "device"));
+  require(v.dtype == dt, fmt::format("{}: {} (expected {})", name, v.describe(), dtype_name(dt)));
+  if (cols == 0) {
+    require(v.ndim == 1 && v.shape[0] >= rows && v.stride[0] == 1,
+            fmt::format("{}: {} (expected contiguous [>= {}])", name, v.describe(), rows));
+  } else {
+    require(v.ndim == 2 && v.shape[0] >= rows && v.shape[1] == cols && v.stride[1] == 1,
+            fmt::format("{}: {} (expected [>= {}, {}] with inner stride 1)", name, v.describe(),
+                        rows, cols));
+  }
+}
 
 void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView& slot_mapping,
                        const TensorView& prev_rows, const TensorView& prev_row_indices,

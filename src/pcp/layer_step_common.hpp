@@ -12,6 +12,11 @@
 
 namespace dsv41kv::pcp::step_common {
 
+// E8 "<op>: <name>: ..." unless `v` is a view on `device` of dtype `dt` with >= rows rows:
+// cols == 0: contiguous 1-D; else [>= rows, cols] with inner stride 1.
+void check_view(const char* op, const TensorView& v, const char* name, DType dt, int64_t rows,
+                int64_t cols, Device device);
+
 // compress() with policy kOpenRow (ratio 2) or the plain ratio-1 compress, then, for ratio 2,
 // save_ring_rows() (unless the test mutation skips it).
 //   slot_mapping      i64 [padded]: ring slots (ratio 2) or this rank's chunk of the gathered
