@@ -378,8 +378,11 @@ __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
-// Neither value is a NaN (one unordered compare).
-__device__ __forceinline__ bool bf16_hw_ok2(float a, float b) { return !isunordered(a, b); }
+// Neither value is a NaN (one setp.num: a == a && b == b). Not !isunordered(a, b): that is a
+// host constexpr function (std::isunordered, reached through --expt-relaxed-constexpr) which
+// nvcc 13 folds to "unordered" in device code, so the hardware path was dead code and every
+// value went through bf16_encode (v7 in docs/perf-notes.md: no F2FP.BF16 in the SASS).
+__device__ __forceinline__ bool bf16_hw_ok2(float a, float b) { return a == a && b == b; }
 template <int E>
 __device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t (&w)[E / 2]) {
   bool ok = true;
