@@ -58,10 +58,6 @@ CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int rat
 
 namespace {
 
-void require(bool ok, const std::string& what) {
-  if (!ok) invalid_argument("pcp_layer_step: " + what);
-}
-
 void check_view(const TensorView& v, const char* name, DType dt, int64_t rows, int64_t cols) {
   step_common::check_view("pcp_layer_step", v, name, dt, rows, cols, Device::CPU);
 }
@@ -74,23 +70,7 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
   if (a.ratio != 1 && a.ratio != 2)
     fail(ErrorCode::kCompressorRatio,
          fmt::format("pcp_layer_step: ratio = {} (expected 1 or 2)", a.ratio));
-  require(a.positions.present() && a.positions.ndim == 1,
-          fmt::format("positions: {} (expected i64 [padded])",
-                      a.positions.present() ? a.positions.describe() : "absent"));
-  const int64_t padded = a.positions.shape[0];
-  const int64_t G = static_cast<int64_t>(P) * padded;
-  check_view(a.positions, "positions", DType::I64, padded, 0);
-  check_view(a.kv_score, "kv_score", DType::F32, padded, static_cast<int64_t>(kLatentDim) * a.ratio);
-  check_view(a.latent, "latent", DType::BF16, padded, kLatentDim);
-  require(a.latent.stride[0] == kLatentDim, fmt::format("latent: {} (expected contiguous)", a.latent.describe()));
-  check_view(a.gathered_latent, "gathered_latent", DType::BF16, G, kLatentDim);
-  require(a.gathered_latent.stride[0] == kLatentDim,
-          fmt::format("gathered_latent: {} (expected contiguous)", a.gathered_latent.describe()));
-  check_view(a.gathered_positions, "gathered_positions", DType::I64, G, 0);
-  check_view(a.gathered_cslots, "gathered_cslots", DType::I64, G, 0);
-  require(a.gathered_cslots.shape[0] == G,
-          fmt::format("gathered_cslots: {} (expected exactly P * padded = {} entries)",
-                      a.gathered_cslots.describe(), G));
+  const int64_t padded = step_common::check_step_views("pcp_layer_step", a, P, Device::CPU);
 
   LayerStepResult res;
   const auto* kv = a.kv_score.ptr<const float>();

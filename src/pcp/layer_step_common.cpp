@@ -25,6 +25,30 @@ void check_view(const char* op, const TensorView& v, const char* name, DType dt,
   }
 }
 
+int64_t check_step_views(const char* op, const LayerStepArgs& a, int P, Device device) {
+  auto require = [op](bool ok, const std::string& what) {
+    if (!ok) invalid_argument(fmt::format("{}: {}", op, what));
+  };
+  require(a.positions.present() && a.positions.ndim == 1,
+          fmt::format("positions: {} (expected i64 [padded])",
+                      a.positions.present() ? a.positions.describe() : "absent"));
+  const int64_t padded = a.positions.shape[0];
+  const int64_t G = static_cast<int64_t>(P) * padded;
+  check_view(op, a.positions, "positions", DType::I64, padded, 0, device);
+  check_view(op, a.kv_score, "kv_score", DType::F32, padded, static_cast<int64_t>(kLatentDim) * a.ratio, device);
+  check_view(op, a.latent, "latent", DType::BF16, padded, kLatentDim, device);
+  require(a.latent.stride[0] == kLatentDim, fmt::format("latent: {} (expected contiguous)", a.latent.describe()));
+  check_view(op, a.gathered_latent, "gathered_latent", DType::BF16, G, kLatentDim, device);
+  require(a.gathered_latent.stride[0] == kLatentDim,
+          fmt::format("gathered_latent: {} (expected contiguous)", a.gathered_latent.describe()));
+  check_view(op, a.gathered_positions, "gathered_positions", DType::I64, G, 0, device);
+  check_view(op, a.gathered_cslots, "gathered_cslots", DType::I64, G, 0, device);
+  require(a.gathered_cslots.shape[0] == G,
+          fmt::format("gathered_cslots: {} (expected exactly P * padded = {} entries)",
+                      a.gathered_cslots.describe(), G));
+  return padded;
+}
+
 void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView& slot_mapping,
                        const TensorView& prev_rows, const TensorView& prev_row_indices,
                        const TensorView& ring_write_slots, const ExecContext& ctx) {

@@ -17,6 +17,11 @@ namespace dsv41kv::pcp::step_common {
 void check_view(const char* op, const TensorView& v, const char* name, DType dt, int64_t rows,
                 int64_t cols, Device device);
 
+// The views every layer step needs, all on `device`: positions [padded], kv_score
+// [padded, 512*ratio], latent [padded, 512] contiguous, gathered latent/positions/compressed
+// slots [P*padded]. Returns padded (E8 naming `op` and the argument otherwise).
+int64_t check_step_views(const char* op, const LayerStepArgs& a, int P, Device device);
+
 // compress() with policy kOpenRow (ratio 2) or the plain ratio-1 compress, then, for ratio 2,
 // save_ring_rows() (unless the test mutation skips it).
 //   slot_mapping      i64 [padded]: ring slots (ratio 2) or this rank's chunk of the gathered

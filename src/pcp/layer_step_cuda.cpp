@@ -99,21 +99,7 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
                       "ThreadGroup(P, Device::CUDA))", rank));
   require(a.mutation != Mutation::kReverseTieBreak,
           "mutation reverse-tie-break: not available on the device (the CUB sort is stable by gathered index)");
-  require(a.positions.present() && a.positions.ndim == 1,
-          fmt::format("positions: {} (expected i64 [padded])", a.positions.present() ? a.positions.describe() : "absent"));
-  const int64_t padded = a.positions.shape[0];
-  const int64_t G = static_cast<int64_t>(P) * padded;
-  check_view(a.positions, "positions", DType::I64, padded, 0);
-  check_view(a.kv_score, "kv_score", DType::F32, padded, static_cast<int64_t>(kLatentDim) * a.ratio);
-  check_view(a.latent, "latent", DType::BF16, padded, kLatentDim);
-  require(a.latent.stride[0] == kLatentDim, fmt::format("latent: {} (expected contiguous)", a.latent.describe()));
-  check_view(a.gathered_latent, "gathered_latent", DType::BF16, G, kLatentDim);
-  require(a.gathered_latent.stride[0] == kLatentDim,
-          fmt::format("gathered_latent: {} (expected contiguous)", a.gathered_latent.describe()));
-  check_view(a.gathered_positions, "gathered_positions", DType::I64, G, 0);
-  check_view(a.gathered_cslots, "gathered_cslots", DType::I64, G, 0);
-  require(a.gathered_cslots.shape[0] == G,
-          fmt::format("gathered_cslots: {} (expected exactly P * padded = {} entries)", a.gathered_cslots.describe(), G));
+  const int64_t padded = step_common::check_step_views("pcp_layer_step_cuda", a, P, Device::CUDA);
 
   ExecContext ctx = a.exec;
   const cudaStream_t stream = as_stream(ctx.stream);
