@@ -355,7 +355,8 @@ struct Row {
   int64_t wrong;
 };
 
-int run_bench(bool json, int iters, const std::string& baseline_path, const std::string& only) {
+int run_bench(bool json, int iters, const std::string& baseline_path, const std::string& only,
+              bool shared_decode_buffers, bool pdl) {
   if (!cuda_device_available()) {
     std::fprintf(stderr, "dsv41kv bench: %s\n", cuda_device_description().c_str());
     return 2;
@@ -365,6 +366,7 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
   ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
   ExecContext ctx;
   ctx.stream = st;
+  ctx.programmatic_launch = pdl;
   const double copy_GBps = copy_bandwidth(st, std::max(iters, 5));
   std::mt19937_64 rng(20261129);
   std::vector<Row> rows;
@@ -377,19 +379,22 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
       for (RecordFormat f : kBenchFormats) {
         const RecordInfo& ri = record_info(f);
         const int layers = w.decode ? kDecodeLayers : 1;
+        // buffer sets: one per layer, or one shared by every node (how triton's do_bench replays
+        // the baseline kernels: the same inputs each time, warm in L2)
+        const int sets = w.decode && !shared_decode_buffers ? layers : 1;
         std::vector<Layer> L;
-        L.reserve(static_cast<size_t>(layers));
-        for (int l = 0; l < layers; ++l) L.emplace_back(in, f);
+        L.reserve(static_cast<size_t>(sets));
+        for (int l = 0; l < sets; ++l) L.emplace_back(in, f);
         const double T = static_cast<double>(in.T), closing = T / ratio;
         const double compress_bytes = ratio == 1 ? T * 2048 + T * 1024
                                                  : T * 4096 + closing * 1024 + in.tail_rows * 4096.0;
         const double insert_bytes = closing * (1024.0 + ri.record_bytes);
         const double fused_bytes = (ratio == 1 ? T * 2048 : T * 4096 + in.tail_rows * 4096.0) +
                                    closing * ri.record_bytes;
-        auto fused = [&](int l) { compress_insert(L[static_cast<size_t>(l)].fused_args(in, f), ctx); };
+        auto fused = [&](int l) { compress_insert(L[static_cast<size_t>(l % sets)].fused_args(in, f), ctx); };
         auto separate = [&](int l) {
-          compress(L[static_cast<size_t>(l)].compress_args(in, true), ctx);
-          insert(L[static_cast<size_t>(l)].insert_args(in, f), ctx);
+          compress(L[static_cast<size_t>(l % sets)].compress_args(in, true), ctx);
+          insert(L[static_cast<size_t>(l % sets)].insert_args(in, f), ctx);
         };
         // correctness: fused vs separate from identical states, whole cache backings
         int64_t wrong = 0;
@@ -446,6 +451,8 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
     j["baseline_copy_GBps"] = base.copy_GBps;
     j["iters"] = iters;
     j["decode_layers_per_graph"] = kDecodeLayers;
+    j["decode_buffers"] = shared_decode_buffers ? "shared" : "per-layer";
+    j["programmatic_launch"] = pdl;
     j["program_warps"] = detail::cuda::program_warps_override();
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
@@ -466,8 +473,9 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
       fmt::print("{:<12} {:>2} {:<10} {:<9} {:>7} {:>10.2f} {:>12.0f} {:>8.0f} {:>5.1f}% {:>10.2f} {:>7.2f}x {:>6}\n",
                  r.workload, r.ratio, r.record, r.variant, r.tokens, r.ms * 1e3, r.bytes, r.GBps,
                  100.0 * r.copy_fraction, r.vllm_ms * 1e3, r.speedup, r.wrong);
-    fmt::print("decode rows: per layer, {} layers per CUDA graph replay; vllm = fused_ms + insert_ms of the baseline\n",
-               kDecodeLayers);
+    fmt::print("decode rows: per layer, {} layers per CUDA graph replay ({}); vllm = fused_ms + insert_ms of the baseline\n",
+               kDecodeLayers, shared_decode_buffers ? "one buffer set shared by every layer" : "each layer its own buffers");
+    if (pdl) fmt::print("compress launches with programmatic dependent launch (--pdl)\n");
   }
   return total_wrong == 0 ? 0 : 1;
 }
@@ -484,6 +492,8 @@ void add_bench(CLI::App& app, int& exit_code) {
   static std::string baseline;
   static std::string only;
   static int program_warps = 0;
+  static std::string decode_buffers = "per-layer";
+  static bool pdl = false;
   cmd->add_option("--device", device, "cuda (the CPU path is benchmarked by bench/)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_flag("--json", json, "print JSON instead of a table");
@@ -494,6 +504,14 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--program-warps", program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));
+  cmd->add_option("--decode-buffers", decode_buffers,
+                  "decode graph: per-layer (each of the 16 nodes its own buffers, default) or shared "
+                  "(every node the same buffers, as the baseline's do_bench replays one kernel)")
+      ->check(CLI::IsMember({"per-layer", "shared"}))
+      ->capture_default_str();
+  cmd->add_flag("--pdl", pdl,
+                "launch the compress kernels with programmatic dependent launch "
+                "(ExecContext::programmatic_launch)");
   cmd->callback([&exit_code] {
     if (device != "cuda") {
       std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
@@ -503,10 +521,12 @@ void add_bench(CLI::App& app, int& exit_code) {
     }
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::set_program_warps_override(program_warps);
-    exit_code = run_bench(json, iters, baseline, only);
+    exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl);
 #else
     (void)json;
     (void)program_warps;
+    (void)decode_buffers;
+    (void)pdl;
     std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());
     exit_code = 2;
 #endif

@@ -3,6 +3,6 @@
 #include "compressor/cuda_compress.cuh"
 
 namespace dsv41kv::detail::cuda {
-template void launch_compress<kMx>(const CompressParams&, int, cudaStream_t);
+template void launch_compress<kMx>(const CompressParams&, int, cudaStream_t, bool);
 
 }  // namespace dsv41kv::detail::cuda

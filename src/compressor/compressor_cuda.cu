@@ -36,6 +36,7 @@ CacheDst make_cache_dst(const CacheView& c) {
   CacheDst d;
   d.base = static_cast<uint8_t*>(c.base);
   d.S = c.states_per_page;
+  d.S_div = FastDivmod::make(c.states_per_page);
   d.page_stride_bytes = c.page_stride * es;
   d.row_stride_bytes = c.row_stride * es;
   d.capacity = c.num_pages * c.states_per_page;
@@ -62,6 +63,7 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
     k.ring_bs = p.ring_block_stride;
     k.ring_rs = p.ring_row_stride;
     k.cap = p.cap;
+    k.cap_div = FastDivmod::make(p.cap);
     k.ring_slots = p.ring_blocks * p.cap;
     k.qsl = a.qsl.ptr<const int32_t>();
     k.t2r = a.token_to_req.ptr<const int32_t>();
@@ -79,14 +81,16 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
   return k;
 }
 
-void launch_compress_format(int f, const CompressParams& k, int ratio, cudaStream_t st) {
+void launch_compress_format(int f, const CompressParams& k, int ratio, const ExecContext& ctx) {
+  const cudaStream_t st = as_stream(ctx.stream);
+  const bool pdl = ctx.programmatic_launch;
   switch (f) {
-    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st); break;
-    case kV4: launch_compress<kV4>(k, ratio, st); break;
-    case kMx: launch_compress<kMx>(k, ratio, st); break;
-    case kNv: launch_compress<kNv>(k, ratio, st); break;
-    case kBf16: launch_compress<kBf16>(k, ratio, st); break;
-    case kFp8: launch_compress<kFp8>(k, ratio, st); break;
+    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl); break;
+    case kV4: launch_compress<kV4>(k, ratio, st, pdl); break;
+    case kMx: launch_compress<kMx>(k, ratio, st, pdl); break;
+    case kNv: launch_compress<kNv>(k, ratio, st, pdl); break;
+    case kBf16: launch_compress<kBf16>(k, ratio, st, pdl); break;
+    case kFp8: launch_compress<kFp8>(k, ratio, st, pdl); break;
     default: invalid_argument("compress_insert: cache.format: unknown record format");
   }
 }
@@ -96,7 +100,7 @@ void launch_compress_format(int f, const CompressParams& k, int ratio, cudaStrea
 void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx) {
   if (p.N == 0) return;
   const CompressParams k = make_compress_params(a, p, "compress", true);
-  launch_compress_format(kNoRecord, k, p.ratio, as_stream(ctx.stream));
+  launch_compress_format(kNoRecord, k, p.ratio, ctx);
 }
 
 void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
@@ -125,7 +129,7 @@ void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const 
   k.ins_slot = a.insert_slots.ptr<const int64_t>();
   k.cache = make_cache_dst(a.cache);
   require_aligned16(k.table, "compress_insert", "rope_table");
-  launch_compress_format(static_cast<int>(a.cache.format), k, cp.ratio, as_stream(ctx.stream));
+  launch_compress_format(static_cast<int>(a.cache.format), k, cp.ratio, ctx);
 }
 
 void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {

@@ -32,6 +32,7 @@
 
 #include "compressor/compress_math.hpp"
 #include "core/cuda_util.hpp"
+#include "core/fast_divmod.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 
@@ -279,6 +280,33 @@ __device__ __forceinline__ uint32_t e4m3x2_finite(float a, float b) {
 // ---------------------------------------------------------------- vector memory helpers
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+// Loads issued exactly where they are written ("early"): volatile asm, so the compiler can
+// neither sink them below a later early-exit branch (it does that to plain loads whose value
+// is used only after the branch) nor drop them. For read-only inputs of a kernel only (they
+// are not ordered against the kernel's own stores).
+__device__ __forceinline__ int64_t ld_early(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ int32_t ld_early(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld2u_early(const uint16_t* p) {
+  uint2 v;
+  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float4 ld4_early(const float* p) {
+  float4 v;
+  asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p));
+  return v;
+}
+
 __device__ __forceinline__ float4 ld4_stream(const float* p) {
   return __ldcs(reinterpret_cast<const float4*>(p));  // read once: evict-first
 }
@@ -374,9 +402,13 @@ __device__ __forceinline__ void load_bf16(const uint16_t* src, float (&x)[E], ui
 // the hardware's), all E are encoded by bf16_encode. The hardware result was compared with
 // bf16_encode for every non-NaN fp32 pattern on the H200 (docs/perf-notes.md v5).
 __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t r;
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
+#else  // builds for older architectures (CMAKE_CUDA_ARCHITECTURES < 80): the same bits in software
+  return static_cast<uint32_t>(num::bf16_encode(lo)) | (static_cast<uint32_t>(num::bf16_encode(hi)) << 16);
+#endif
 }
 // Neither value is a NaN (one setp.num: a == a && b == b). Not !isunordered(a, b): that is a
 // host constexpr function (std::isunordered, reached through --expt-relaxed-constexpr) which
@@ -466,6 +498,7 @@ __device__ __forceinline__ void rope_thread(int d0, const float* trow, const flo
 struct CacheDst {
   uint8_t* base = nullptr;          // page 0, byte 0
   int64_t S = 1;                    // states per page
+  FastDivmod S_div;                 // division by S (slot -> page, row)
   int64_t page_stride_bytes = 0;
   int64_t row_stride_bytes = 0;     // plain rows
   int64_t capacity = 0;             // num_pages * S: slots >= capacity are skipped
@@ -641,7 +674,7 @@ template <int F, int E>
 __device__ __forceinline__ void write_record(const CacheDst& c, int64_t slot, int gt,
                                              const float (&x)[E], const float (&y)[E]) {
   int64_t page, r;
-  divmod(slot, c.S, page, r);
+  divmod_fast(slot, c.S_div, page, r);
   write_record_at<F, E>(c, page, r, gt, x, y);
 }
 

@@ -123,9 +123,10 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
 // pooled, its registers receive the same group of the rows of token t_next (a pair or ratio-1
 // program of the same chunk; -1: none), so that the next program's rows are in flight during
 // the rest of this one.
+// rc, rsn: the RoPE table entries (cos, sin) of pair `lane` of the insert (ipage >= 0).
 template <int R, int F>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
-                                             int64_t ir, int64_t trow_row, Rows<R>& b, int64_t t_next,
+                                             int64_t ir, float rc, float rsn, Rows<R>& b, int64_t t_next,
                                              float* pooled, int lane, const uint32_t (&wpk)[8],
                                              uint32_t wrope) {
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
@@ -137,16 +138,8 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   const float* const pr = pooled + ul;
   const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
   // RoPE pair `lane` (dims 448 + 2*lane, 449 + 2*lane) is rotated by this lane (every record
-  // format): its table entries are loaded now (in flight during the pool), its pooled values
-  // are read with the lane's other reads of the scratch
-  float rc = 0.0f, rsn = 0.0f;
-  if constexpr (F != kNoRecord) {
-    if (ipage >= 0) {
-      const float* trow = p.table + trow_row * kRopeDim;
-      rc = trow[lane];
-      rsn = trow[kRopeDim / 2 + lane];
-    }
-  }
+  // format) with the table entries rc, rsn; its pooled values are read with the lane's other
+  // reads of the scratch
   // 2. pool, load layout -> shared memory
   if constexpr (R == 2) {
 #pragma unroll
@@ -163,11 +156,11 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
       }
     }
   } else {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      st4(pl + 144 * k, b.bkv[k]);
-      if (t_next >= 0) load_group<R>(p, t_next, lane, k, b);
-    }
+    // ratio 1: the streaming kernel copied the row into `pooled` itself (cp.async, several
+    // programs ahead) and synchronised the warp; `b` and t_next are unused
+    (void)b;
+    (void)t_next;
+    (void)pl;
   }
   __syncwarp();
   // 3. RMS: lane l sums d = l, l+32, ..., l+480 ascending, then the shuffle-down tree
@@ -279,6 +272,52 @@ __device__ __forceinline__ void resolve_role(const CompressParams& p, int64_t pr
 __device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
   return static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(v), src));
 }
+__device__ __forceinline__ const float* shflptr(const float* v, int src) {
+  return reinterpret_cast<const float*>(
+      __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(v)), src));
+}
+
+// RoPE table rows fetched this many programs ahead in the streaming kernel (ratio 2), and rows +
+// RoPE entries (ratio 1).
+inline constexpr int kRopeAhead = 2;
+inline constexpr int kRowsAhead = 2;
+// Shared scratch of the streaming kernel: ratio 2, one pooled row per warp; ratio 1, a ring of
+// kRowsAhead + 1 rows per warp that cp.async fills (the row is its own pooled row).
+template <int R>
+__device__ __forceinline__ float* smem_pooled(int warp) {
+  __shared__ __align__(16) float smem[4][kPooledFloats];
+  return smem[warp];
+}
+template <int R>
+__device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
+  __shared__ __align__(16) float rows[4][kRowsAhead + 1][kPooledFloats];
+  return rows[warp];
+}
+// 4- and 16-byte asynchronous global -> shared copies (sm_80+), their commit and wait (this
+// thread's copies). Builds for older architectures copy synchronously (same results).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#else
+__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) { *smem_dst = *gmem_src; }
+__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
+  *reinterpret_cast<float4*>(smem_dst) = *reinterpret_cast<const float4*>(gmem_src);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {}
+#endif
 
 template <int R, int F>
 __device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
@@ -289,11 +328,15 @@ template <int R, int F, int C>
 __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
     compress_stream_kernel(const CompressParams p) {
   static_assert(C <= 32);
-  __shared__ __align__(16) float smem[4][kPooledFloats];
+  // RoPE table entries of the inserts, copied kRopeAhead programs ahead (cp.async): the table
+  // row of a program is known only from its position, and a plain load issued at the start of
+  // the program was still in flight when its RoPE needed it (ncu: a third of the stall samples
+  // of the ratio-2 nvfp4 kernel on that one multiply)
+  __shared__ __align__(16) float rope_sm[4][(R == 1 ? kRowsAhead : kRopeAhead) + 1][kRopeDim];
+  pdl_wait();  // PDL: the previous kernel's writes first (no early trigger: large grids)
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + warp;
-  float* pooled = smem[warp];
 
   uint32_t wb[8];  // the lane's 16 bf16 norm weights, packed (even dim in the low half)
   {
@@ -311,7 +354,7 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
   int64_t n;           // programs in the chunk
   if constexpr (R == 2) {
     if (w < p.num_reqs) {
-      request_program_warp<R, F>(p, w, pooled, lane, wb, wrope);
+      request_program_warp<R, F>(p, w, smem_pooled<R>(warp), lane, wb, wrope);
       return;
     }
     const int64_t pairs = (p.N + 1) / 2;
@@ -331,22 +374,117 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
   if (lane < n) resolve_role<R, F>(p, first + lane, role_t, role_slot, role_row);
   // the insert slot as (page, row in page), also resolved in parallel over the lanes
   int64_t role_page = -1, role_r = 0;
-  if (role_slot >= 0) divmod(role_slot, p.cache.S, role_page, role_r);
+  if (role_slot >= 0) divmod_fast(role_slot, p.cache.S_div, role_page, role_r);
+  // the RoPE table row of the program's insert (null: no insert)
+  const float* role_trow = nullptr;
+  if constexpr (F != kNoRecord) {
+    if (role_page >= 0) role_trow = p.table + role_row * kRopeDim;
+  }
+  float(*const rs_slot)[kRopeDim] = rope_sm[warp];
+  // copies program j's entries (lane: cos and sin of pair `lane`) into slot j % (ahead + 1);
+  // one commit group per program, empty when it has no insert (uniform group counting)
+  auto rope_copy = [&](int j) {
+    if constexpr (F != kNoRecord) {
+      const float* trow = shflptr(role_trow, j);
+      if (trow != nullptr) {
+        float* dst = rs_slot[j % (kRopeAhead + 1)];
+        cp_async4(dst + lane, trow + lane);
+        cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
+      }
+      cp_async_commit();
+    }
+  };
 
-  Rows<R> A;
   const int nn = static_cast<int>(n);
+  if constexpr (R == 1) {
+    // Rows and RoPE entries of program j copied (cp.async) into slot j % (ahead + 1), kRowsAhead
+    // programs ahead: 6 KiB per warp in flight without holding registers. The row lands in the
+    // padded load layout (dim d at pooled_index(d)), which is what process_warp reads.
+    float(*const rows)[kPooledFloats] = smem_rows<R>(warp);
+    auto copy = [&](int j) {
+      const int64_t tj = shfl64(role_t, j);
+      if (tj >= 0) {
+        const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
+        float* dst = rows[j % (kRowsAhead + 1)] + (4 * lane + 4 * (lane >> 3));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) cp_async16(dst + 144 * k, src + 128 * k);
+      }
+      if constexpr (F != kNoRecord) {
+        const float* trow = shflptr(role_trow, j);
+        if (trow != nullptr) {
+          float* dst = rs_slot[j % (kRowsAhead + 1)];
+          cp_async4(dst + lane, trow + lane);
+          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
+        }
+      }
+      cp_async_commit();
+    };
+    // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
+    // of iteration i (all but the newest kRowsAhead groups) covers program i's group
+#pragma unroll
+    for (int j = 0; j < kRowsAhead; ++j) {
+      if (j < nn) copy(j);
+      else cp_async_commit();
+    }
+    Rows<R> unused;
+    for (int i = 0; i < nn; ++i) {
+      // slot (i + ahead) % (ahead + 1) is program i-1's: every read of it ended before the
+      // __syncwarp that closes process_warp
+      if (i + kRowsAhead < nn) copy(i + kRowsAhead);
+      else cp_async_commit();
+      cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
+      __syncwarp();                  // ... and every lane's, visible to the warp
+      const int64_t t = shfl64(role_t, i);
+      const int64_t pg = shfl64(role_page, i);
+      const int64_t ir = shfl64(role_r, i);
+      float rc = 0.0f, rsn = 0.0f;
+      if constexpr (F != kNoRecord) {
+        if (pg >= 0) {
+          const float* src = rs_slot[i % (kRowsAhead + 1)];
+          rc = src[lane];
+          rsn = src[kRopeDim / 2 + lane];
+        }
+      }
+      if (t >= 0)
+        process_warp<R, F>(p, t, pg, ir, rc, rsn, unused, -1, rows[i % (kRowsAhead + 1)], lane, wb, wrope);
+    }
+    return;
+  }
+  float* const pooled = smem_pooled<R>(warp);
+  Rows<R> A;
   int64_t t = shfl64(role_t, 0);
   if (t >= 0) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) load_group<R>(p, t, lane, k, A);
   }
+  if constexpr (F != kNoRecord) {
+    // exactly kRopeAhead groups before the loop (empty ones past the chunk), so that the wait
+    // of iteration i (all but the newest kRopeAhead groups) covers program i's group
+#pragma unroll
+    for (int j = 0; j < kRopeAhead; ++j) {
+      if (j < nn) rope_copy(j);
+      else cp_async_commit();
+    }
+  }
   for (int i = 0; i < nn; ++i) {
     const int64_t tn = shfl64(role_t, i + 1 < nn ? i + 1 : 0);
     const int64_t t_next = i + 1 < nn ? tn : -1;
-    const int64_t pg = shfl64(role_page, i), row = shfl64(role_row, i);
+    const int64_t pg = shfl64(role_page, i);
     const int64_t ir = shfl64(role_r, i);
+    float rc = 0.0f, rsn = 0.0f;
+    if constexpr (F != kNoRecord) {
+      // program i's copies were issued kRopeAhead programs ago; issue program i + ahead's
+      if (i + kRopeAhead < nn) rope_copy(i + kRopeAhead);
+      else cp_async_commit();
+      cp_async_wait<kRopeAhead>();  // this lane's copies of program i have landed
+      if (pg >= 0) {
+        const float* src = rs_slot[i % (kRopeAhead + 1)];
+        rc = src[lane];
+        rsn = src[kRopeDim / 2 + lane];
+      }
+    }
     if (t >= 0) {
-      process_warp<R, F>(p, t, pg, ir, row, A, t_next, pooled, lane, wb, wrope);
+      process_warp<R, F>(p, t, pg, ir, rc, rsn, A, t_next, pooled, lane, wb, wrope);
     } else if (t_next >= 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) load_group<R>(p, t_next, lane, k, A);
@@ -378,8 +516,8 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
     if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
     if (arow == nullptr) {
       int64_t blk, rem, quo, row_pred;
-      divmod(sl, p.cap, blk, rem);
-      divmod(ps - 1, p.cap, quo, row_pred);
+      divmod_fast(sl, p.cap_div, blk, rem);
+      divmod_fast(ps - 1, p.cap_div, quo, row_pred);
       arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
     }
   }
@@ -388,8 +526,14 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
     load_rows<R, true>(p, t, arow, lane, A);
     int64_t slot_ins, row, ipage = -1, ir = 0;
     insert_decision<R, F>(p, islot, ps, slot_ins, row);
-    if (slot_ins >= 0) divmod(slot_ins, p.cache.S, ipage, ir);
-    process_warp<R, F>(p, t, ipage, ir, row, A, -1, pooled, lane, wb, wrope);
+    float rc = 0.0f, rsn = 0.0f;
+    if (slot_ins >= 0) {
+      divmod_fast(slot_ins, p.cache.S_div, ipage, ir);
+      const float* trow = p.table + row * kRopeDim;
+      rc = trow[lane];
+      rsn = trow[kRopeDim / 2 + lane];
+    }
+    process_warp<R, F>(p, t, ipage, ir, rc, rsn, A, -1, pooled, lane, wb, wrope);
   }
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,
@@ -400,7 +544,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
       const int64_t st = p.slot[tt];
       if (st < 0 || st >= p.ring_slots) continue;
       int64_t blk, row;
-      divmod(st, p.cap, blk, row);
+      divmod_fast(st, p.cap_div, blk, row);
       float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
       const bool d_al = aligned16(dst);
       const float* src = p.kv + tt * p.kv_stride;
@@ -415,104 +559,172 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 
 // ==================================================================== four-warp kernel (decode)
 //
-// compress_kernel_g4<R, F>: one 128-thread block per program (small grids such as decode: the
-// 512 dims of a token spread over 128 threads). Loads are issued as early as their addresses
-// are known and checked afterwards, so that a request program waits for three dependent round
-// trips (qsl -> slot/pos + current row -> ring row + RoPE row) before computing.
-//  1. load layout: thread gt loads dims 4*gt of a.kv, a.score, b.kv, b.score;
-//  2. pooled = pool2(a, b) (ratio 1: b.kv) -> shared memory (padded index d + 4*(d/32));
-//  3. warp 0 lane l: part = fma over d = l, l+32, ..., l+480 ascending (the normative order),
-//     then the shuffle-down tree h = 16..1, rs = 1/sqrt(sum/512 + eps), broadcast;
-//  4. writer layout == load layout (thread gt owns dims [4*gt, 4*gt+4)): latent, latent_out,
-//     RoPE, cooperative record write; request programs then run the tail store.
+// compress_kernel_g4<R, F>: one 128-thread block per program, for small grids such as decode:
+// thread gt owns dims [4*gt, 4*gt + 4) for the loads, the pool and the writer. A decode layer is
+// a chain of dependent round trips to memory, so the kernel is organised around latency:
+//  - at most two dependent rounds of loads before the compute:
+//      request program j: qsl[j], qsl[j+1] together with the metadata and the kv row of token j
+//        (speculation: in a decode-first batch qsl[j] == j; otherwise those loads are repeated
+//        for qsl[j], one round more), then the ring / prev_rows predecessor and the RoPE row;
+//      pair program k: pos, slot, t2r (, ins_slot) of both candidate tokens 2k and 2k+1, then
+//        qsl[req], the two kv rows and the RoPE row;
+//      ratio-1 program t: the kv row, slot, pos (, ins_slot), then the RoPE row (in flight
+//        during the RMS);
+//  - one block barrier: pooled values -> shared memory (padded index d + 4*(d/32)), then every
+//    warp runs the normative RMS reduction itself (lane l: fma over d = l, l+32, ..., l+480
+//    ascending, then the shuffle-down tree h = 16..1; the same operations in the same order in
+//    each warp, so the same rs everywhere, without a second barrier to broadcast it);
+//  - ring block/row and cache page/row from host-prepared multiply-shift divisions;
+//  - PDL: pdl_wait before the first memory access, then the next kernel may be scheduled.
+// Request programs run the tail store (SPEC 4.5) right after their pool (or at the end when
+// they compute nothing): every thread writes only the ring dims it read from the predecessor
+// row, after the pool consumed them, so the ring reads of a program complete before its ring
+// writes, and the stores drain while the RMS and the writer compute.
+
+// Token t's row (dims d0..d0+3 of the kv half and, ratio 2, of the score half) and metadata.
+template <int R, int F>
+struct G4Token {
+  float4 kv, sc;
+  int64_t slot, pos, islot;
+  __device__ __forceinline__ void load(const CompressParams& p, int64_t t, int d0) {
+    const float* row = p.kv + t * p.kv_stride;
+    kv = ld4_early(row + d0);
+    if constexpr (R == 2) sc = ld4_early(row + kLatentDim + d0);
+    slot = ld_early(p.slot + t);
+    pos = ld_early(p.pos + t);
+    islot = -1;
+    if constexpr (F != kNoRecord) islot = ld_early(p.ins_slot + t);
+  }
+};
+
 template <int R, int F>
 __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
   __shared__ __align__(16) float pooled[kPooledFloats];
-  __shared__ float smem_rs;
+  pdl_wait();
+  pdl_allow_dependents();
   const int gt = static_cast<int>(threadIdx.x);
+  const int lane = gt % 32;
   const int64_t prog = blockIdx.x;
   const int d0 = 4 * gt;
-
-  uint16_t wb[4];
-  {
-    float wv[4];
-    load_bf16<4>(p.norm_w + d0, wv, wb);
-    (void)wv;
-  }
+  // the thread's 4 bf16 norm weights, in flight with the first round of loads
+  const uint2 wpk = ld2u_early(p.norm_w + d0);
 
   int64_t t = -1, pos_t = 0, islot = -1;
-  int64_t s = 0, e = 0, sl_s = -1;  // request programs: chunk [s, e), slot of row s
+  int s = 0, e = 0;  // request programs: chunk [s, e) (qsl entries are int32)
+  int64_t sl_s = -1;  // slot of row s
   bool tail = false;
-  float4 bkv, bsc, akv, asc;
+  float4 bkv, bsc = make_float4(0, 0, 0, 0), akv = bsc, asc = bsc;
   if constexpr (R == 1) {
     if (prog >= p.N) return;
-    bkv = ld4(p.kv + prog * p.kv_stride + d0);
-    const int64_t sl = p.slot[prog];
-    pos_t = p.pos[prog];
-    if constexpr (F != kNoRecord) islot = p.ins_slot[prog];
-    if (sl < 0) return;
+    G4Token<R, F> tk;
+    tk.load(p, prog, d0);
+    if (tk.slot < 0) return;
+    bkv = tk.kv;
+    pos_t = tk.pos;
+    islot = tk.islot;
     t = prog;
-  } else {
-    if (prog < p.num_reqs) {
-      s = p.qsl[prog];
-      e = p.qsl[prog + 1];
-      if (s < 0 || s >= e || e > p.N) return;
-      const float* brow = p.kv + s * p.kv_stride;
-      bkv = ld4(brow + d0);
-      bsc = ld4(brow + kLatentDim + d0);
-      sl_s = p.slot[s];
-      const int64_t ps = p.pos[s];
-      if constexpr (F != kNoRecord) islot = p.ins_slot[s];
-      int64_t g = -1;
-      if (p.pcp && p.prev != nullptr && prog < p.prev_n) g = p.prev_idx[prog];
-      if (sl_s < 0 || sl_s >= p.ring_slots) return;
-      tail = !p.pcp;
-      if (ps >= 0 && (ps & 1)) {
-        t = s;
-        pos_t = ps;
-        const float* arow = nullptr;
-        if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
-        if (arow == nullptr) {
-          int64_t blk, rem, quo, row_pred;
-          divmod(sl_s, p.cap, blk, rem);
-          divmod(ps - 1, p.cap, quo, row_pred);
-          arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
-        }
-        const bool a_al = aligned16(arow);
-        akv = ld4_any(arow + d0, a_al);
-        asc = ld4_any(arow + kLatentDim + d0, a_al);
+  } else if (prog < p.num_reqs) {
+    const int64_t jt = prog < p.N ? prog : p.N - 1;  // speculated first token (in bounds)
+    s = ld_early(p.qsl + prog);
+    e = ld_early(p.qsl + prog + 1);
+    G4Token<R, F> tk;
+    tk.load(p, jt, d0);
+    int64_t g = -1;
+    if (p.pcp && p.prev != nullptr && prog < p.prev_n) g = ld_early(p.prev_idx + prog);
+    if (s < 0 || s >= e || e > p.N) return;
+    if (s != jt) tk.load(p, s, d0);  // not decode-ordered: one more round
+    bkv = tk.kv;
+    bsc = tk.sc;
+    sl_s = tk.slot;
+    islot = tk.islot;
+    const int64_t ps = tk.pos;
+    if (sl_s < 0 || sl_s >= p.ring_slots) return;
+    tail = !p.pcp;
+    if (ps >= 0 && (ps & 1)) {
+      t = s;
+      pos_t = ps;
+      const float* arow = nullptr;
+      if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
+      if (arow == nullptr) {
+        int64_t blk, rem, quo, row_pred;
+        divmod_fast(sl_s, p.cap_div, blk, rem);
+        divmod_fast(ps - 1, p.cap_div, quo, row_pred);
+        arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
       }
-      if (t < 0 && !tail) return;
-    } else {
-      const int64_t t0 = 2 * (prog - p.num_reqs);
-      if (t0 >= p.N) return;
-      const int64_t p0 = p.pos[t0];
-      if (p0 < 0) return;
-      const int64_t tt = t0 + ((p0 + 1) & 1);
-      if (tt >= p.N || tt < 1) return;
-      const float* brow = p.kv + tt * p.kv_stride;
-      bkv = ld4(brow + d0);
-      bsc = ld4(brow + kLatentDim + d0);
-      akv = ld4(brow - p.kv_stride + d0);
-      asc = ld4(brow - p.kv_stride + kLatentDim + d0);
-      const int64_t sl = p.slot[tt];
-      const int32_t req = p.t2r[tt];
-      const int64_t pt = p.pos[tt];
-      if constexpr (F != kNoRecord) islot = p.ins_slot[tt];
-      if (sl < 0 || sl >= p.ring_slots) return;
-      if (req < 0 || req >= p.num_reqs || tt == p.qsl[req]) return;
-      t = tt;
-      pos_t = tt == t0 ? p0 : pt;
+      const bool a_al = aligned16(arow);
+      akv = ld4_any(arow + d0, a_al);
+      asc = ld4_any(arow + kLatentDim + d0, a_al);
     }
+    if (t < 0 && !tail) return;
+  } else {
+    const int64_t t0 = 2 * (prog - p.num_reqs);
+    if (t0 >= p.N) return;
+    const int64_t t1 = t0 + 1 < p.N ? t0 + 1 : t0;  // in bounds
+    const int64_t p0 = ld_early(p.pos + t0), p1 = ld_early(p.pos + t1);
+    const int64_t sl0 = ld_early(p.slot + t0), sl1 = ld_early(p.slot + t1);
+    const int32_t rq0 = ld_early(p.t2r + t0), rq1 = ld_early(p.t2r + t1);
+    int64_t is0 = -1, is1 = -1;
+    if constexpr (F != kNoRecord) {
+      is0 = ld_early(p.ins_slot + t0);
+      is1 = ld_early(p.ins_slot + t1);
+    }
+    if (p0 < 0) return;
+    const int64_t tt = t0 + ((p0 + 1) & 1);
+    if (tt >= p.N || tt < 1) return;
+    const bool second = tt != t0;  // then t1 == tt
+    const int64_t sl = second ? sl1 : sl0;
+    const int32_t req = second ? rq1 : rq0;
+    if (sl < 0 || sl >= p.ring_slots) return;
+    if (req < 0 || req >= p.num_reqs) return;
+    const float* brow = p.kv + tt * p.kv_stride;
+    bkv = ld4_early(brow + d0);
+    bsc = ld4_early(brow + kLatentDim + d0);
+    akv = ld4_early(brow - p.kv_stride + d0);
+    asc = ld4_early(brow - p.kv_stride + kLatentDim + d0);
+    if (tt == ld_early(p.qsl + req)) return;
+    t = tt;
+    pos_t = second ? p1 : p0;
+    islot = second ? is1 : is0;
   }
 
+  // tail store (SPEC 4.5) of a request program: rows [e - n, e) into the ring, ascending token
+  // order; row s is still in registers (bkv, bsc) and its slot in sl_s. Each thread writes only
+  // the dims it read from the predecessor row, after the pool consumed them, so it can run
+  // right after the pool: the stores drain while the RMS and the writer compute.
+  auto tail_store = [&]() {
+    if constexpr (R == 2) {
+      if (!tail) return;
+      const int n = static_cast<int64_t>(e - s) < p.cap ? e - s : static_cast<int>(p.cap);
+      for (int tt = e - n; tt < e; ++tt) {
+        const int64_t st = tt == s ? sl_s : p.slot[tt];
+        if (st < 0 || st >= p.ring_slots) continue;
+        int64_t blk, row;
+        divmod_fast(st, p.cap_div, blk, row);
+        float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+        const bool d_al = aligned16(dst);
+        if (tt == s) {
+          st4_any(dst + d0, bkv, d_al);
+          st4_any(dst + kLatentDim + d0, bsc, d_al);
+        } else {
+          const float* src = p.kv + tt * p.kv_stride;
+          const float4 v0 = ld4(src + d0), v1 = ld4(src + kLatentDim + d0);
+          st4_any(dst + d0, v0, d_al);
+          st4_any(dst + kLatentDim + d0, v1, d_al);
+        }
+      }
+    }
+  };
+
   if (t >= 0) {
-    // RoPE row of the insert, loaded before the compute
-    int64_t slot_ins = -1, row = 0;
+    // insert slot as (page, row) and the RoPE row, loaded before the compute
+    int64_t slot_ins = -1, row = 0, ipage = -1, ir = 0;
     insert_decision<R, F>(p, islot, pos_t, slot_ins, row);
     float rc[2], rsn[2];
     if constexpr (F != kNoRecord) {
-      if (slot_ins >= 0) rope_load<4>(d0, p.table + row * kRopeDim, rc, rsn);
+      if (slot_ins >= 0) {
+        rope_load<4>(d0, p.table + row * kRopeDim, rc, rsn);
+        divmod_fast(slot_ins, p.cache.S_div, ipage, ir);
+      }
     }
     // 2. pool
     float pv[4];
@@ -531,28 +743,27 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
       pv[3] = bkv.w;
     }
     st4(pooled + pooled_index(d0), make_float4(pv[0], pv[1], pv[2], pv[3]));
+    tail_store();
     __syncthreads();
-    // 3. RMS (normative order) on warp 0
-    if (gt < 32) {
-      float part = 0.0f;
+    // 3. RMS (normative order), in every warp; pooled_index(lane + 32*i) = lane + 36*i
+    float part = 0.0f;
+    const float* const pr = pooled + lane;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float v = pooled[pooled_index(gt + 32 * i)];
-        part = num::fma_rn(v, v, part);
-      }
-#pragma unroll
-      for (int h = 16; h >= 1; h >>= 1)
-        part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
-      if (gt == 0) smem_rs = cmath::rms_inverse(part, p.eps);
+    for (int i = 0; i < 16; ++i) {
+      const float v = pr[36 * i];
+      part = num::fma_rn(v, v, part);
     }
-    __syncthreads();
-    const float rs = smem_rs;
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1)
+      part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
+    const float rs = cmath::rms_inverse(__shfl_sync(0xFFFFFFFFu, part, 0), p.eps);
     // 4. latent (writer layout == load layout)
     // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
+    const float wf[4] = {num::u2f(wpk.x << 16), num::u2f(wpk.x & 0xFFFF0000u), num::u2f(wpk.y << 16),
+                         num::u2f(wpk.y & 0xFFFF0000u)};
     float f[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      f[i] = num::mul_rn(num::mul_rn(pv[i], rs), num::bf16_decode(wb[i]));
+    for (int i = 0; i < 4; ++i) f[i] = num::mul_rn(num::mul_rn(pv[i], rs), wf[i]);
     uint32_t lw[2];
     bf16_encode_packed<4>(f, lw);
     float x[4];
@@ -563,38 +774,12 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
       if (slot_ins >= 0) {
         float y[4];
         rope_apply<4>(d0, rc, rsn, x, y);
-        write_record<F, 4>(p.cache, slot_ins, gt, x, y);
+        write_record_at<F, 4>(p.cache, ipage, ir, gt, x, y);
       }
     }
   }
 
-  // tail store (SPEC 4.5)
-  if constexpr (R == 2) {
-    if (tail) {
-      // Every ring read of this program (the predecessor row) was consumed by the pool before
-      // the block barriers above; rows are copied in ascending token order. Row s was loaded
-      // into registers (bkv, bsc) and its slot into sl_s.
-      const int64_t n = (e - s) < p.cap ? (e - s) : p.cap;
-      for (int64_t kk = 0; kk < n; ++kk) {
-        const int64_t tt = e - n + kk;
-        const int64_t st = tt == s ? sl_s : p.slot[tt];
-        if (st < 0 || st >= p.ring_slots) continue;
-        int64_t blk, row;
-        divmod(st, p.cap, blk, row);
-        float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
-        const bool d_al = aligned16(dst);
-        if (tt == s) {
-          st4_any(dst + d0, bkv, d_al);
-          st4_any(dst + kLatentDim + d0, bsc, d_al);
-        } else {
-          const float* src = p.kv + tt * p.kv_stride;
-          const float4 v0 = ld4(src + d0), v1 = ld4(src + kLatentDim + d0);
-          st4_any(dst + d0, v0, d_al);
-          st4_any(dst + kLatentDim + d0, v1, d_al);
-        }
-      }
-    }
-  }
+  if (t < 0) tail_store();  // (with a program, the store followed its pool)
 }
 
 // Programs per warp of the streaming kernel.
@@ -602,34 +787,33 @@ template <int R>
 inline constexpr int kChunk = R == 2 ? 16 : 32;
 
 template <int R, int F>
-void launch_compress_stream(const CompressParams& p, cudaStream_t stream) {
+void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
   constexpr int C = kChunk<R>;
   const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
   const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
   if (warps <= 0) return;
   const int64_t blocks = (warps + 3) / 4;
-  compress_stream_kernel<R, F, C><<<static_cast<unsigned>(blocks), 128, 0, stream>>>(p);
-  DSV41KV_CUDA_CHECK_LAUNCH("compress_stream_kernel");
+  launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
+                pdl, p);
 }
 
 template <int R, int F>
-void launch_compress_g4(const CompressParams& p, cudaStream_t stream) {
+void launch_compress_g4(const CompressParams& p, cudaStream_t stream, bool pdl) {
   const int64_t programs = compress_programs(R, p.N, p.num_reqs);
   if (programs <= 0) return;
-  compress_kernel_g4<R, F><<<static_cast<unsigned>(programs), 128, 0, stream>>>(p);
-  DSV41KV_CUDA_CHECK_LAUNCH("compress_kernel_g4");
+  launch_kernel(compress_kernel_g4<R, F>, dim3(static_cast<unsigned>(programs)), dim3(128), stream, pdl, p);
 }
 
 template <int F>
-void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream) {
+void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl) {
   const int force = program_warps_override();
   const bool small = force == 4 || (force != 1 && compress_programs(ratio, p.N, p.num_reqs) <= kSmallGridPrograms);
   if (ratio == 1) {
-    if (small) launch_compress_g4<1, F>(p, stream);
-    else launch_compress_stream<1, F>(p, stream);
+    if (small) launch_compress_g4<1, F>(p, stream, pdl);
+    else launch_compress_stream<1, F>(p, stream, pdl);
   } else {
-    if (small) launch_compress_g4<2, F>(p, stream);
-    else launch_compress_stream<2, F>(p, stream);
+    if (small) launch_compress_g4<2, F>(p, stream, pdl);
+    else launch_compress_stream<2, F>(p, stream, pdl);
   }
 }
 

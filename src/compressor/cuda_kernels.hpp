@@ -27,6 +27,7 @@ struct CompressParams {
   // ratio 2
   float* ring = nullptr;            // [blocks, cap, 1024] with the strides below (floats)
   int64_t ring_bs = 0, ring_rs = 0, cap = 1;
+  FastDivmod cap_div;               // division by cap (ring slot -> block, row)
   int64_t ring_slots = 0;           // blocks * cap: ring slots >= this are treated as -1
   const int32_t* qsl = nullptr;     // [num_reqs + 1]
   const int32_t* t2r = nullptr;     // [N]
@@ -52,8 +53,9 @@ inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
 inline constexpr int64_t kSmallGridPrograms = 1024;
 
 // F = kNoRecord (compress only) or a RecordFormat value (fused compress + insert).
+// pdl: programmatic dependent launch (ExecContext::programmatic_launch).
 template <int F>
-void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream);
+void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl);
 
 // RoPE + quantized insert of latent rows (SPEC 5.1).
 struct InsertParams {

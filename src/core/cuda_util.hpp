@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "dsv41kv/common.hpp"
 
@@ -42,6 +43,23 @@ __device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t
     r = a - q * b;
   }
 }
+
+// Programmatic dependent launch (PDL, sm_90+). A kernel launched with it (launch_kernel, pdl =
+// true) may start while the previous kernel of the stream is still running, so it must execute
+// pdl_wait() before its first global-memory access: that waits until the previous grid has
+// completed and its writes are visible (it returns at once when there is no such dependency).
+// pdl_allow_dependents() lets the next PDL kernel of the stream start its blocks (they wait in
+// their own pdl_wait); without it they start when this grid exits.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 #endif
 
 }  // namespace dsv41kv::detail
@@ -55,3 +73,23 @@ __device__ __forceinline__ void divmod(int64_t a, int64_t b, int64_t& q, int64_t
 
 // After a kernel launch: reports launch-configuration errors without synchronising.
 #define DSV41KV_CUDA_CHECK_LAUNCH(name) DSV41KV_CUDA_CHECK(cudaPeekAtLastError())
+
+namespace dsv41kv::detail {
+// Launches `kernel` on `stream` (errors: Error(kCuda)); pdl = true adds programmatic stream
+// serialization (see pdl_wait: the kernel must call it before touching global memory).
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   A&&... args) {
+  cudaLaunchConfig_t c = {};
+  c.gridDim = grid;
+  c.blockDim = block;
+  c.dynamicSmemBytes = 0;
+  c.stream = stream;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  c.attrs = at;
+  c.numAttrs = pdl ? 1 : 0;
+  DSV41KV_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...));
+}
+}  // namespace dsv41kv::detail

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -288,6 +289,112 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
     GPU_CHECK(cudaGraphDestroy(graph));
     GPU_CHECK(cudaStreamDestroy(st));
   }
+}
+
+// Consecutive decode steps launched back to back with programmatic dependent launch
+// (ExecContext::programmatic_launch), eagerly and captured in one CUDA graph: each step reads
+// the ring rows the previous step wrote (ratio 2: positions advance by one, so an odd step
+// closes its pair from the row the even step stored) and rewrites latents and records, so a
+// kernel touching memory before its grid dependency resolved would differ from the CPU's
+// step-by-step result.
+TEST_F(CompressorGpu, ProgrammaticLaunchChainEqualsCpu) {
+  constexpr int kSteps = 4;
+  for (int ratio : {1, 2})
+    for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::NVFP4_288}) {
+      GpuBatchSpec s = shapes(ratio)[0];  // decode: 200 requests x 1 token
+      s.format = f;
+      std::vector<GpuBatch> steps;
+      steps.reserve(kSteps);  // references into it stay valid
+      steps.push_back(GpuBatch::make(s, rng()));
+      GpuBatch& b0 = steps[0];
+      // room for every step's records (closing token t of step k -> slot k * N + t) and RoPE rows
+      b0.num_pages = (kSteps * b0.N + s.S - 1) / s.S;
+      b0.cache8.assign(static_cast<size_t>(b0.num_pages * b0.page_stride), kByteCanary);
+      b0.table_rows += kSteps;
+      b0.table = random_rope_table(b0.table_rows, rng());
+      for (int k = 1; k < kSteps; ++k) {
+        GpuBatch b = steps.back();
+        for (int64_t t = 0; t < b.A; ++t) {
+          const size_t i = static_cast<size_t>(t);
+          b.pos[i] += 1;
+          if (b.ring_slots[i] >= 0) b.ring_slots[i] = (b.ring_slots[i] / s.cap) * s.cap + b.pos[i] % s.cap;
+        }
+        for (auto& v : b.kv) v = static_cast<float>(rng().normal());
+        steps.push_back(std::move(b));
+      }
+      const int64_t capacity = b0.num_pages * s.S;
+      for (int k = 0; k < kSteps; ++k) {
+        GpuBatch& b = steps[static_cast<size_t>(k)];
+        for (int64_t t = 0; t < b.A; ++t) {
+          const bool closing = (b.pos[static_cast<size_t>(t)] + 1) % ratio == 0;
+          b.cache_slots[static_cast<size_t>(t)] =
+              closing ? (rng().uniform() < 0.03 ? -1 : k * b.N + t) : rng().integer(-1, capacity - 1);
+        }
+      }
+      // CPU: the steps one after the other, outputs carried over
+      std::vector<float> ring = b0.ring;
+      std::vector<uint16_t> latent = b0.latent;
+      std::vector<uint8_t> cache = b0.cache8;
+      const std::vector<float> ring0 = ring;
+      const std::vector<uint16_t> latent0 = latent;
+      const std::vector<uint8_t> cache0 = cache;
+      for (GpuBatch& b : steps) {
+        b.ring = ring;
+        b.latent = latent;
+        b.cache8 = cache;
+        compress_insert(compress_insert_args(b, nullptr, true));
+        ring = b.ring;
+        latent = b.latent;
+        cache = b.cache8;
+      }
+      // GPU: every step's inputs in its own buffers, the outputs of all steps in step 0's
+      std::vector<std::unique_ptr<GpuBatchDev>> dev;
+      for (const GpuBatch& b : steps) dev.push_back(std::make_unique<GpuBatchDev>(b));
+      GpuBatchDev& out = *dev[0];
+      out.ring.upload(ring0);
+      out.latent.upload(latent0);
+      out.cache8.upload(cache0);
+      auto args = [&](int k) {
+        CompressInsertArgs a = compress_insert_args(steps[static_cast<size_t>(k)], dev[static_cast<size_t>(k)].get(), true);
+        a.compress.ring.data = out.ring.data();
+        a.compress.latent_out.data = out.latent.data();
+        a.cache.base = out.cache8.data();
+        return a;
+      };
+      cudaStream_t st;
+      GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      ExecContext ctx;
+      ctx.stream = st;
+      ctx.programmatic_launch = true;
+      const std::string w = std::string("pdl chain r") + std::to_string(ratio) + " " + record_info(f).name;
+      for (int k = 0; k < kSteps; ++k) compress_insert(args(k), ctx);
+      GPU_CHECK(cudaStreamSynchronize(st));
+      EXPECT_TRUE(bits_equal(ring, out.ring.download(), w + " eager: ring"));
+      EXPECT_TRUE(bits_equal(latent, out.latent.download(), w + " eager: latent"));
+      EXPECT_TRUE(bits_equal(cache, out.cache8.download(), w + " eager: cache"));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      GPU_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      for (int k = 0; k < kSteps; ++k) compress_insert(args(k), ctx);
+      GPU_CHECK(cudaStreamEndCapture(st, &graph));
+      GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 2; ++rep) {
+        out.ring.upload(ring0);
+        out.latent.upload(latent0);
+        out.cache8.upload(cache0);
+        GPU_CHECK(cudaGraphLaunch(exec, st));
+        GPU_CHECK(cudaStreamSynchronize(st));
+        EXPECT_TRUE(bits_equal(ring, out.ring.download(), w + " graph: ring"));
+        EXPECT_TRUE(bits_equal(latent, out.latent.download(), w + " graph: latent"));
+        EXPECT_TRUE(bits_equal(cache, out.cache8.download(), w + " graph: cache"));
+      }
+      EXPECT_NE(cache, cache0) << w << ": the steps must write records";
+      if (ratio == 2) EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
+      ASSERT_FALSE(cache.empty());
+      GPU_CHECK(cudaGraphExecDestroy(exec));
+      GPU_CHECK(cudaGraphDestroy(graph));
+      GPU_CHECK(cudaStreamDestroy(st));
+    }
 }
 
 // Bad inputs are rejected on the host before any launch: the device outputs keep their bytes.
