@@ -85,7 +85,7 @@ stage_sanitize() {
     "$BUILD/test_gpu" --gtest_filter="$SAN_FILTER" > "$OUT/racecheck.log" 2>&1 || rc2=$?
   note "  racecheck rc=$rc2"
   unset DSV41KV_GPU_TEST_SMALL
-  tail -4 "$OUT/memcheck.log" "$OUT/racecheck.log" > "$OUT/sanitizer-summary.txt" 2>&1
+  tail -n 4 "$OUT/memcheck.log" "$OUT/racecheck.log" > "$OUT/sanitizer-summary.txt" 2>&1
   [ $rc -eq 0 ] && [ $rc2 -eq 0 ]
 }
 
@@ -102,6 +102,24 @@ for r in j["rows"]:
     print(f"{r['workload']:<12}{r['ratio']:>2} {r['record']:<10}{r['variant']:<9}{r['us']:>9.2f}{r['GBps']:>8.0f}"
           f"{100*r['copy_fraction']:>6.1f}%{1e3*r['vllm_ms']:>9.2f}{r['speedup_vs_vllm']:>6.2f}x{r['wrong']:>6}")
 print("targets: 256K fused >= 90% copy, >= 1.6x (r2) / 2.5x (r1) vs vLLM; decode fused <= 2.3 us (r1) / 2.9 us (r2)")
+PY
+  fi
+  # decode with programmatic dependent launch (ExecContext::programmatic_launch), and with every
+  # graph node on one buffer set (how the baseline's do_bench replays one kernel)
+  local dv
+  for dv in "--pdl:pdl" "--decode-buffers shared:shared" "--decode-buffers shared --pdl:shared-pdl"; do
+    # shellcheck disable=SC2086
+    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 ${dv%%:*} \
+      > "$OUT/bench-decode256-${dv##*:}.json" 2>> "$OUT/bench.err" || rc=1
+  done
+  if command -v python3 >/dev/null; then
+    python3 - "$OUT"/bench-decode256-pdl.json "$OUT"/bench-decode256-shared.json "$OUT"/bench-decode256-shared-pdl.json >> "$OUT/bench.txt" <<'PY'
+import json, sys
+for f in sys.argv[1:]:
+    j = json.load(open(f))
+    tag = f"decode256 fused, buffers {j['decode_buffers']}, programmatic launch {'on' if j['programmatic_launch'] else 'off'}:"
+    print(tag, "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ({r['speedup_vs_vllm']:.2f}x)"
+                         for r in j["rows"] if r["variant"] == "fused"))
 PY
   fi
   if [ "${DSV41KV_BENCH_VARIANTS:-1}" = 1 ]; then
