@@ -98,6 +98,12 @@ void run_case(int P, DecodePlacement pl, int ratio, uint64_t seed, Coverage& cov
 
 }  // namespace
 
+// gtest prints parameters of unknown types as raw bytes; name the placement instead (found by
+// argument-dependent lookup, so it lives in the enum's namespace).
+namespace dsv41kv::pcp {
+void PrintTo(DecodePlacement p, std::ostream* os) { *os << placement_name(p); }
+}  // namespace dsv41kv::pcp
+
 class PcpProperty : public ::testing::TestWithParam<std::tuple<int, DecodePlacement, int>> {};
 
 TEST_P(PcpProperty, Spec78HoldsAtEveryStep) {
