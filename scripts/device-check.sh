@@ -107,17 +107,19 @@ PY
   # decode with programmatic dependent launch (ExecContext::programmatic_launch), and with every
   # graph node on one buffer set (how the baseline's do_bench replays one kernel)
   local dv
-  for dv in "--pdl:pdl" "--decode-buffers shared:shared" "--decode-buffers shared --pdl:shared-pdl"; do
+  for dv in "--pdl:pdl" "--pdl --pdl-early-metadata:pdl-early" "--decode-buffers shared:shared" \
+    "--decode-buffers shared --pdl:shared-pdl" "--decode-buffers shared --pdl --pdl-early-metadata:shared-pdl-early"; do
     # shellcheck disable=SC2086
     "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 ${dv%%:*} \
       > "$OUT/bench-decode256-${dv##*:}.json" 2>> "$OUT/bench.err" || rc=1
   done
   if command -v python3 >/dev/null; then
-    python3 - "$OUT"/bench-decode256-pdl.json "$OUT"/bench-decode256-shared.json "$OUT"/bench-decode256-shared-pdl.json >> "$OUT/bench.txt" <<'PY'
+    python3 - "$OUT"/bench-decode256-{pdl,pdl-early,shared,shared-pdl,shared-pdl-early}.json >> "$OUT/bench.txt" <<'PY'
 import json, sys
 for f in sys.argv[1:]:
     j = json.load(open(f))
-    tag = f"decode256 fused, buffers {j['decode_buffers']}, programmatic launch {'on' if j['programmatic_launch'] else 'off'}:"
+    pdl = "off" if not j["programmatic_launch"] else ("on, early metadata" if j.get("pdl_early_metadata") else "on")
+    tag = f"decode256 fused, buffers {j['decode_buffers']}, programmatic launch {pdl}:"
     print(tag, "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ({r['speedup_vs_vllm']:.2f}x)"
                          for r in j["rows"] if r["variant"] == "fused"))
 PY

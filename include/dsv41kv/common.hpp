@@ -94,10 +94,18 @@ struct TensorView {
 // stream finishes; the kernel waits for that kernel's completion before its first memory
 // access, so results never change. It saves ~0.3 us per launch where launches are back to back
 // (decode in a CUDA graph). Other operations ignore it.
+// `pdl_early_metadata` (with programmatic_launch; a promise by the caller): the step metadata
+// of the call (positions, slot_mapping, query_start_loc, token_to_req, insert_slots) and
+// norm_weight are not written by the kernel launched just before this call on the stream (for
+// example the metadata is built once per step, before the first layer). The decode-sized kernel
+// then reads them before waiting for that kernel (kv_score, the ring, prev_row_indices,
+// prev_rows, the RoPE table and every output only after): one dependent round trip less per
+// layer. Breaking the promise is a data race; off by default.
 struct ExecContext {
   void* stream = nullptr;
   int num_threads = 0;
   bool programmatic_launch = false;
+  bool pdl_early_metadata = false;
 };
 
 }  // namespace dsv41kv

@@ -356,7 +356,7 @@ struct Row {
 };
 
 int run_bench(bool json, int iters, const std::string& baseline_path, const std::string& only,
-              bool shared_decode_buffers, bool pdl) {
+              bool shared_decode_buffers, bool pdl, bool pdl_early_metadata) {
   if (!cuda_device_available()) {
     std::fprintf(stderr, "dsv41kv bench: %s\n", cuda_device_description().c_str());
     return 2;
@@ -367,6 +367,7 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
   ExecContext ctx;
   ctx.stream = st;
   ctx.programmatic_launch = pdl;
+  ctx.pdl_early_metadata = pdl_early_metadata;  // every layer's metadata is uploaded before timing
   const double copy_GBps = copy_bandwidth(st, std::max(iters, 5));
   std::mt19937_64 rng(20261129);
   std::vector<Row> rows;
@@ -453,6 +454,7 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
     j["decode_layers_per_graph"] = kDecodeLayers;
     j["decode_buffers"] = shared_decode_buffers ? "shared" : "per-layer";
     j["programmatic_launch"] = pdl;
+    j["pdl_early_metadata"] = pdl && pdl_early_metadata;
     j["program_warps"] = detail::cuda::program_warps_override();
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
@@ -475,7 +477,9 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
                  100.0 * r.copy_fraction, r.vllm_ms * 1e3, r.speedup, r.wrong);
     fmt::print("decode rows: per layer, {} layers per CUDA graph replay ({}); vllm = fused_ms + insert_ms of the baseline\n",
                kDecodeLayers, shared_decode_buffers ? "one buffer set shared by every layer" : "each layer its own buffers");
-    if (pdl) fmt::print("compress launches with programmatic dependent launch (--pdl)\n");
+    if (pdl)
+      fmt::print("compress launches with programmatic dependent launch (--pdl){}\n",
+                 pdl_early_metadata ? ", metadata read before the grid dependency (--pdl-early-metadata)" : "");
   }
   return total_wrong == 0 ? 0 : 1;
 }
@@ -494,6 +498,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   static int program_warps = 0;
   static std::string decode_buffers = "per-layer";
   static bool pdl = false;
+  static bool pdl_early = false;
   cmd->add_option("--device", device, "cuda (the CPU path is benchmarked by bench/)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_flag("--json", json, "print JSON instead of a table");
@@ -512,6 +517,8 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--pdl", pdl,
                 "launch the compress kernels with programmatic dependent launch "
                 "(ExecContext::programmatic_launch)");
+  cmd->add_flag("--pdl-early-metadata", pdl_early,
+                "with --pdl: ExecContext::pdl_early_metadata (the bench uploads all metadata before timing)");
   cmd->callback([&exit_code] {
     if (device != "cuda") {
       std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
@@ -521,12 +528,18 @@ void add_bench(CLI::App& app, int& exit_code) {
     }
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::set_program_warps_override(program_warps);
-    exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl);
+    if (pdl_early && !pdl) {
+      std::fprintf(stderr, "dsv41kv bench: --pdl-early-metadata needs --pdl\n");
+      exit_code = 2;
+      return;
+    }
+    exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl, pdl_early);
 #else
     (void)json;
     (void)program_warps;
     (void)decode_buffers;
     (void)pdl;
+    (void)pdl_early;
     std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());
     exit_code = 2;
 #endif

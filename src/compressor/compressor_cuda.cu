@@ -81,9 +81,11 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
   return k;
 }
 
-void launch_compress_format(int f, const CompressParams& k, int ratio, const ExecContext& ctx) {
+void launch_compress_format(int f, const CompressParams& kp, int ratio, const ExecContext& ctx) {
   const cudaStream_t st = as_stream(ctx.stream);
   const bool pdl = ctx.programmatic_launch;
+  CompressParams k = kp;
+  k.early_meta = pdl && ctx.pdl_early_metadata ? 1 : 0;
   switch (f) {
     case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl); break;
     case kV4: launch_compress<kV4>(k, ratio, st, pdl); break;

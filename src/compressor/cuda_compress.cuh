@@ -575,7 +575,9 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 //    ascending, then the shuffle-down tree h = 16..1; the same operations in the same order in
 //    each warp, so the same rs everywhere, without a second barrier to broadcast it);
 //  - ring block/row and cache page/row from host-prepared multiply-shift divisions;
-//  - PDL: pdl_wait before the first memory access, then the next kernel may be scheduled.
+//  - PDL: pdl_wait before the first memory access (with pdl_early_metadata: after the
+//    metadata reads, before kv rows, ring, table and outputs), then the next kernel may be
+//    scheduled.
 // Request programs run the tail store (SPEC 4.5) right after their pool (or at the end when
 // they compute nothing): every thread writes only the ring dims it read from the predecessor
 // row, after the pool consumed them, so the ring reads of a program complete before its ring
@@ -587,21 +589,23 @@ struct G4Token {
   float4 kv, sc;
   int64_t slot, pos, islot;
   __device__ __forceinline__ void load(const CompressParams& p, int64_t t, int d0) {
-    const float* row = p.kv + t * p.kv_stride;
-    kv = ld4_early(row + d0);
-    if constexpr (R == 2) sc = ld4_early(row + kLatentDim + d0);
     slot = ld_early(p.slot + t);
     pos = ld_early(p.pos + t);
     islot = -1;
     if constexpr (F != kNoRecord) islot = ld_early(p.ins_slot + t);
+    pdl_wait();  // (returns at once when already waited / no dependency) before the kv row
+    const float* row = p.kv + t * p.kv_stride;
+    kv = ld4_early(row + d0);
+    if constexpr (R == 2) sc = ld4_early(row + kLatentDim + d0);
   }
 };
 
 template <int R, int F>
 __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
   __shared__ __align__(16) float pooled[kPooledFloats];
-  pdl_wait();
-  pdl_allow_dependents();
+  // PDL: wait for the previous kernel before the first access, or (pdl_early_metadata: the
+  // caller promised that kernel writes no metadata) after this program's metadata reads
+  if (!p.early_meta) pdl_wait();
   const int gt = static_cast<int>(threadIdx.x);
   const int lane = gt % 32;
   const int64_t prog = blockIdx.x;
@@ -676,6 +680,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     const int32_t req = second ? rq1 : rq0;
     if (sl < 0 || sl >= p.ring_slots) return;
     if (req < 0 || req >= p.num_reqs) return;
+    pdl_wait();  // before the kv rows
     const float* brow = p.kv + tt * p.kv_stride;
     bkv = ld4_early(brow + d0);
     bsc = ld4_early(brow + kLatentDim + d0);
@@ -715,6 +720,8 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     }
   };
 
+  pdl_wait();  // every path has waited before the ring, the table and the outputs
+  pdl_allow_dependents();
   if (t >= 0) {
     // insert slot as (page, row) and the RoPE row, loaded before the compute
     int64_t slot_ins = -1, row = 0, ipage = -1, ir = 0;

@@ -33,6 +33,7 @@ struct CompressParams {
   const int32_t* t2r = nullptr;     // [N]
   int64_t num_reqs = 0;
   int pcp = 0;                      // ring policy kOpenRow: no tail store, prev_rows lookups
+  int early_meta = 0;               // ExecContext::pdl_early_metadata (decode kernel)
   const float* prev = nullptr;      // [prev_count, 1024], row stride prev_stride, or null
   int64_t prev_stride = 0, prev_count = 0;
   const int64_t* prev_idx = nullptr;  // [prev_n]
