@@ -381,16 +381,22 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
     if (role_page >= 0) role_trow = p.table + role_row * kRopeDim;
   }
   float(*const rs_slot)[kRopeDim] = rope_sm[warp];
-  // copies program j's entries (lane: cos and sin of pair `lane`) into slot j % (ahead + 1);
-  // one commit group per program, empty when it has no insert (uniform group counting)
-  auto rope_copy = [&](int j) {
+  // issues the copies of program j's entries (lane: cos and sin of pair `lane`) into rope slot
+  // `slot` (nothing when the program has no insert)
+  auto rope_issue = [&](int j, int slot) {
     if constexpr (F != kNoRecord) {
       const float* trow = shflptr(role_trow, j);
       if (trow != nullptr) {
-        float* dst = rs_slot[j % (kRopeAhead + 1)];
+        float* dst = rs_slot[slot];
         cp_async4(dst + lane, trow + lane);
         cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
       }
+    }
+  };
+  // ratio 2: one commit group per program, empty when it has no insert (uniform group counting)
+  auto rope_copy = [&](int j) {
+    if constexpr (F != kNoRecord) {
+      rope_issue(j, j % (kRopeAhead + 1));
       cp_async_commit();
     }
   };
@@ -409,14 +415,7 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
 #pragma unroll
         for (int k = 0; k < 4; ++k) cp_async16(dst + 144 * k, src + 128 * k);
       }
-      if constexpr (F != kNoRecord) {
-        const float* trow = shflptr(role_trow, j);
-        if (trow != nullptr) {
-          float* dst = rs_slot[j % (kRowsAhead + 1)];
-          cp_async4(dst + lane, trow + lane);
-          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
-        }
-      }
+      rope_issue(j, j % (kRowsAhead + 1));
       cp_async_commit();
     };
     // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
