@@ -526,13 +526,13 @@ void add_bench(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
-#if defined(DSV41KV_WITH_CUDA)
-    detail::cuda::set_program_warps_override(program_warps);
     if (pdl_early && !pdl) {
       std::fprintf(stderr, "dsv41kv bench: --pdl-early-metadata needs --pdl\n");
       exit_code = 2;
       return;
     }
+#if defined(DSV41KV_WITH_CUDA)
+    detail::cuda::set_program_warps_override(program_warps);
     exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl, pdl_early);
 #else
     (void)json;
