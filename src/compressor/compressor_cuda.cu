@@ -45,8 +45,9 @@ CacheDst make_cache_dst(const CacheView& c) {
 }
 
 CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p, const char* op,
-                                    bool with_latent) {
+                                    bool with_latent, const ExecContext& ctx) {
   CompressParams k;
+  k.early_meta = ctx.programmatic_launch && ctx.pdl_early_metadata ? 1 : 0;
   k.kv = a.kv_score.ptr<const float>();
   k.kv_stride = p.kv_row_stride;
   k.pos = a.positions.ptr<const int64_t>();
@@ -81,11 +82,9 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
   return k;
 }
 
-void launch_compress_format(int f, const CompressParams& kp, int ratio, const ExecContext& ctx) {
+void launch_compress_format(int f, const CompressParams& k, int ratio, const ExecContext& ctx) {
   const cudaStream_t st = as_stream(ctx.stream);
   const bool pdl = ctx.programmatic_launch;
-  CompressParams k = kp;
-  k.early_meta = pdl && ctx.pdl_early_metadata ? 1 : 0;
   switch (f) {
     case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl); break;
     case kV4: launch_compress<kV4>(k, ratio, st, pdl); break;
@@ -101,7 +100,7 @@ void launch_compress_format(int f, const CompressParams& kp, int ratio, const Ex
 
 void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx) {
   if (p.N == 0) return;
-  const CompressParams k = make_compress_params(a, p, "compress", true);
+  const CompressParams k = make_compress_params(a, p, "compress", true, ctx);
   launch_compress_format(kNoRecord, k, p.ratio, ctx);
 }
 
@@ -125,7 +124,7 @@ void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const 
                      const ExecContext& ctx) {
   if (cp.N == 0) return;
   CompressParams k =
-      make_compress_params(a.compress, cp, "compress_insert", a.compress.latent_out.present());
+      make_compress_params(a.compress, cp, "compress_insert", a.compress.latent_out.present(), ctx);
   k.table = a.rope_table.ptr<const float>();
   k.table_rows = ip.table_rows;
   k.ins_slot = a.insert_slots.ptr<const int64_t>();

@@ -245,15 +245,6 @@ DSV41KV_HD uint8_t e2m1_quotient_code(float v, const float (&thr)[7]) {
   const uint32_t c = (b2 ? 4u : 0u) | (b1 ? 2u : 0u) | (b0 ? 1u : 0u);
   return static_cast<uint8_t>(c | ((num::f2u(v) >> 31) << 3));
 }
-// The 7-compare form (reference of the check above).
-DSV41KV_HD uint8_t e2m1_quotient_code_count(float v, const float (&thr)[7]) {
-  const float a = num::abs_f(v);
-  const int c = static_cast<int>(a > thr[0]) + static_cast<int>(a >= thr[1]) +
-                static_cast<int>(a > thr[2]) + static_cast<int>(a >= thr[3]) +
-                static_cast<int>(a > thr[4]) + static_cast<int>(a >= thr[5]) +
-                static_cast<int>(a > thr[6]);
-  return static_cast<uint8_t>(c | ((num::f2u(v) >> 31) << 3));
-}
 DSV41KV_HD void e2m1_thresholds(float sd, float (&thr)[7]) {
   thr[0] = num::mul_rn(0.25f, sd);
   thr[1] = num::mul_rn(0.75f, sd);
@@ -307,9 +298,6 @@ __device__ __forceinline__ float4 ld4_early(const float* p) {
   return v;
 }
 
-__device__ __forceinline__ float4 ld4_stream(const float* p) {
-  return __ldcs(reinterpret_cast<const float4*>(p));  // read once: evict-first
-}
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 // Ring rows may start at any float (the ring block stride is arbitrary, SPEC 3.2): these take
 // the (program-uniform) alignment of the row.

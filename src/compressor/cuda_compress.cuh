@@ -4,8 +4,9 @@
 // Programs follow the reference decomposition exactly (as the CPU backend does):
 //   ratio 1: program t < N;  ratio 2: request programs j < num_reqs, then pair programs
 //   k < ceil(N / 2) over the flat token array.
-// A program runs on a group of G warps (G = 1: one warp, 8 programs per 256-thread block, for
-// large grids; G = 4: one 128-thread block per program, for small grids such as decode).
+// A program runs on a group of G warps (G = 1: one warp, 4 warps per 128-thread block, each warp
+// a chunk of kChunk consecutive programs, for large grids; G = 4: one 128-thread block per
+// program, for small grids such as decode).
 //
 // Per program (token t that closes a group, predecessor row a, current row b = kv_score[t]):
 //  1. load layout: thread gt loads dims d = 4*gt + 128*G*k (k < 4/G) of a.kv, a.score, b.kv,
@@ -62,106 +63,90 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
 //   ratio 1: a chunk of C consecutive token programs.
 // A chunk starts with one round of metadata: lane j resolves program j of the chunk (token,
 // insert slot, RoPE row), in parallel over the lanes; the program loop then broadcasts the role
-// with shuffles and issues the 16-byte row loads of program i+1 before computing program i
-// (two register buffers), so every warp keeps the next 8 KiB (ratio 2) / 2 KiB (ratio 1) in
-// flight through the whole compute phase.
+// with shuffles. Ratio 2 issues the 16-byte row loads of program i+1 while pooling program i
+// (rolling register prefetch: the next 8 KiB in flight through the compute); ratio 1 copies the
+// rows of programs i+1, i+2 into a shared-memory ring with cp.async. Both copy the RoPE table
+// entries of the inserts ahead the same way.
 
-template <int R>
-struct Rows {
-  float4 bkv[4];
-  float4 bsc[R == 2 ? 4 : 1];
-  float4 akv[R == 2 ? 4 : 1];
-  float4 asc[R == 2 ? 4 : 1];
+// A ratio-2 program's rows in the load layout: lane holds dims 4*lane + 128*k (k < 4) of the
+// predecessor row (a) and the current row (b), kv and score halves.
+struct PairRows {
+  float4 bkv[4], bsc[4], akv[4], asc[4];
 };
 
-// Loads the rows of token t (ratio 2: predecessor row `arow`, current row kv[t]) in the load
-// layout: lane loads dims d = 4*lane + 128*k.
-template <int R, bool kAnyAlign>
+// Request programs: the rows of token t and of its predecessor `arow` (a ring or prev_rows row,
+// any float alignment).
+template <bool kAnyAlign>
 __device__ __forceinline__ void load_rows(const CompressParams& p, int64_t t, const float* arow,
-                                          int lane, Rows<R>& b) {
+                                          int lane, PairRows& b) {
   const float* brow = p.kv + t * p.kv_stride;
   const bool a_al = !kAnyAlign || aligned16(arow);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int d = 4 * lane + 128 * k;
     b.bkv[k] = ld4(brow + d);
-    if constexpr (R == 2) {
-      b.bsc[k] = ld4(brow + kLatentDim + d);
-      if constexpr (kAnyAlign) {
-        b.akv[k] = ld4_any(arow + d, a_al);
-        b.asc[k] = ld4_any(arow + kLatentDim + d, a_al);
-      } else {
-        b.akv[k] = ld4(arow + d);
-        b.asc[k] = ld4(arow + kLatentDim + d);
-      }
-    }
+    b.bsc[k] = ld4(brow + kLatentDim + d);
+    b.akv[k] = ld4_any(arow + d, a_al);
+    b.asc[k] = ld4_any(arow + kLatentDim + d, a_al);
   }
 }
 
-// pool -> RMS (normative order) -> latent -> latent_out / record of one program on one warp.
-// `pooled` is the warp's shared scratch; the warp is synchronised on entry use and on exit, so
-// consecutive programs can reuse it.
-// Loads float4 group k (dims 4*lane + 128*k) of token t's rows into b.
-template <int R>
+// Pair programs: float4 group k (dims 4*lane + 128*k) of token t's rows (the predecessor is
+// row t - 1).
 __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, int lane, int k,
-                                           Rows<R>& b) {
+                                           PairRows& b) {
   // the lane's base address once (row pointer + 4*lane), then constant offsets 128*k: lets the
   // compiler use immediate offsets instead of a 64-bit index computation per group
   const float* brow = (p.kv + t * p.kv_stride) + 4 * lane;
+  const float* arow = brow - p.kv_stride;
   b.bkv[k] = ld4(brow + 128 * k);
-  if constexpr (R == 2) {
-    const float* arow = brow - p.kv_stride;  // pair programs: the predecessor is row t - 1
-    b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
-    b.akv[k] = ld4(arow + 128 * k);
-    b.asc[k] = ld4(arow + kLatentDim + 128 * k);
+  b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
+  b.akv[k] = ld4(arow + 128 * k);
+  b.asc[k] = ld4(arow + kLatentDim + 128 * k);
+}
+
+// Ratio 2: pooled = pool2(a, b) of the warp's program into the warp's scratch `pooled` (load
+// layout, padded index pooled_index(d) = 4*lane + 4*(lane/8) + 144*k). Rolling prefetch: as soon
+// as a group of `b` has been pooled, its registers receive the same group of the rows of token
+// t_next (the next pair program of the chunk; -1: none), so that the next program's rows are in
+// flight during the rest of this one.
+__device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, int64_t t_next,
+                                          float* pooled, int lane) {
+  const unsigned ul = static_cast<unsigned>(lane);
+  float* const pl = pooled + (4u * ul + 4u * (ul >> 3));
+#pragma unroll
+  for (int k = 0; k < 4; k += 2) {
+    const float4 a1[2] = {b.akv[k], b.akv[k + 1]}, a2[2] = {b.asc[k], b.asc[k + 1]};
+    const float4 b1[2] = {b.bkv[k], b.bkv[k + 1]}, b2[2] = {b.bsc[k], b.bsc[k + 1]};
+    float4 v[2];
+    pool2_vec<2>(a1, a2, b1, b2, v);
+    st4(pl + 144 * k, v[0]);
+    st4(pl + 144 * (k + 1), v[1]);
+    if (t_next >= 0) {
+      load_group(p, t_next, lane, k, b);
+      load_group(p, t_next, lane, k + 1, b);
+    }
   }
 }
 
-// pool -> RMS (normative order) -> latent -> latent_out / record of one program on one warp.
-// `pooled` is the warp's shared scratch (every read of it ends before a __syncwarp, so
-// consecutive programs can reuse it). Rolling prefetch: as soon as a group of `b` has been
-// pooled, its registers receive the same group of the rows of token t_next (a pair or ratio-1
-// program of the same chunk; -1: none), so that the next program's rows are in flight during
-// the rest of this one.
+// RMS (normative order) -> latent -> latent_out / record of one program on one warp, from the
+// pooled row in the warp's scratch `pooled` (ratio 2: written by pool_warp; ratio 1: the kv row
+// itself, copied there by cp.async), padded layout. Every read of the scratch ends before a
+// __syncwarp, so the next program may overwrite it.
 // rc, rsn: the RoPE table entries (cos, sin) of pair `lane` of the insert (ipage >= 0).
-template <int R, int F>
+template <int F>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
-                                             int64_t ir, float rc, float rsn, Rows<R>& b, int64_t t_next,
-                                             float* pooled, int lane, const uint32_t (&wpk)[8],
-                                             uint32_t wrope) {
+                                             int64_t ir, float rc, float rsn, float* pooled, int lane,
+                                             const uint32_t (&wpk)[8], uint32_t wrope) {
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
-  //   load layout  d = 4*lane + 128*k : 4*lane + 4*(lane/8) + 144*k
   //   RMS          d = lane + 32*i    : lane + 36*i
   //   writer       d = 16*lane + 4*c  : 16*lane + 4*(lane/2) + 4*c
-  const unsigned ul = static_cast<unsigned>(lane);
-  float* const pl = pooled + (4u * ul + 4u * (ul >> 3));
-  const float* const pr = pooled + ul;
-  const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
   // RoPE pair `lane` (dims 448 + 2*lane, 449 + 2*lane) is rotated by this lane (every record
   // format) with the table entries rc, rsn; its pooled values are read with the lane's other
   // reads of the scratch
-  // 2. pool, load layout -> shared memory
-  if constexpr (R == 2) {
-#pragma unroll
-    for (int k = 0; k < 4; k += 2) {
-      const float4 a1[2] = {b.akv[k], b.akv[k + 1]}, a2[2] = {b.asc[k], b.asc[k + 1]};
-      const float4 b1[2] = {b.bkv[k], b.bkv[k + 1]}, b2[2] = {b.bsc[k], b.bsc[k + 1]};
-      float4 v[2];
-      pool2_vec<2>(a1, a2, b1, b2, v);
-      st4(pl + 144 * k, v[0]);
-      st4(pl + 144 * (k + 1), v[1]);
-      if (t_next >= 0) {
-        load_group<R>(p, t_next, lane, k, b);
-        load_group<R>(p, t_next, lane, k + 1, b);
-      }
-    }
-  } else {
-    // ratio 1: the streaming kernel copied the row into `pooled` itself (cp.async, several
-    // programs ahead) and synchronised the warp; `b` and t_next are unused
-    (void)b;
-    (void)t_next;
-    (void)pl;
-  }
+  const unsigned ul = static_cast<unsigned>(lane);
+  const float* const pr = pooled + ul;
+  const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
   __syncwarp();
   // 3. RMS: lane l sums d = l, l+32, ..., l+480 ascending, then the shuffle-down tree
   float part = 0.0f;
@@ -425,7 +410,6 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
       if (j < nn) copy(j);
       else cp_async_commit();
     }
-    Rows<R> unused;
     for (int i = 0; i < nn; ++i) {
       // slot (i + ahead) % (ahead + 1) is program i-1's: every read of it ended before the
       // __syncwarp that closes process_warp
@@ -445,16 +429,16 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
         }
       }
       if (t >= 0)
-        process_warp<R, F>(p, t, pg, ir, rc, rsn, unused, -1, rows[i % (kRowsAhead + 1)], lane, wb, wrope);
+        process_warp<F>(p, t, pg, ir, rc, rsn, rows[i % (kRowsAhead + 1)], lane, wb, wrope);
     }
     return;
   }
   float* const pooled = smem_pooled<R>(warp);
-  Rows<R> A;
+  PairRows A;
   int64_t t = shfl64(role_t, 0);
   if (t >= 0) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) load_group<R>(p, t, lane, k, A);
+    for (int k = 0; k < 4; ++k) load_group(p, t, lane, k, A);
   }
   if constexpr (F != kNoRecord) {
     // exactly kRopeAhead groups before the loop (empty ones past the chunk), so that the wait
@@ -483,10 +467,11 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
       }
     }
     if (t >= 0) {
-      process_warp<R, F>(p, t, pg, ir, rc, rsn, A, t_next, pooled, lane, wb, wrope);
+      pool_warp(p, A, t_next, pooled, lane);
+      process_warp<F>(p, t, pg, ir, rc, rsn, pooled, lane, wb, wrope);
     } else if (t_next >= 0) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) load_group<R>(p, t_next, lane, k, A);
+      for (int k = 0; k < 4; ++k) load_group(p, t_next, lane, k, A);
     }
     t = t_next;
   }
@@ -521,8 +506,8 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
     }
   }
   if (t >= 0) {
-    Rows<R> A;
-    load_rows<R, true>(p, t, arow, lane, A);
+    PairRows A;
+    load_rows<true>(p, t, arow, lane, A);
     int64_t slot_ins, row, ipage = -1, ir = 0;
     insert_decision<R, F>(p, islot, ps, slot_ins, row);
     float rc = 0.0f, rsn = 0.0f;
@@ -532,7 +517,8 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
       rc = trow[lane];
       rsn = trow[kRopeDim / 2 + lane];
     }
-    process_warp<R, F>(p, t, ipage, ir, rc, rsn, A, -1, pooled, lane, wb, wrope);
+    pool_warp(p, A, -1, pooled, lane);
+    process_warp<F>(p, t, ipage, ir, rc, rsn, pooled, lane, wb, wrope);
   }
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,

@@ -1,6 +1,6 @@
 // Launch interface of the CUDA compressor kernels: flat parameter structs (device pointers and
 // sizes already validated and bounded on the host) and one launcher per kernel family. The
-// kernel templates live in cuda_compress.cuh / cuda_insert.cuh; each record format is
+// kernel templates live in cuda_compress.cuh / insert_cuda.cu; each record format is
 // instantiated in its own translation unit (compress_cuda_<format>.cu) to keep nvcc's work per
 // file small.
 #pragma once
@@ -50,7 +50,7 @@ inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
   return ratio == 1 ? N : num_reqs + (N + 1) / 2;
 }
 // Up to this many programs a program runs on a 128-thread block (4 warps share one token:
-// shorter latency for decode); above it on one warp (8 programs per 256-thread block).
+// shorter latency for decode); above it on one warp (chunks of kChunk programs per warp).
 inline constexpr int64_t kSmallGridPrograms = 1024;
 
 // F = kNoRecord (compress only) or a RecordFormat value (fused compress + insert).

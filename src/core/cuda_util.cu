@@ -2,9 +2,7 @@
 #include "core/cuda_util.hpp"
 
 #include <cstdio>
-#include <mutex>
 #include <string>
-#include <vector>
 
 namespace dsv41kv::detail {
 
@@ -16,18 +14,6 @@ void cuda_fail(cudaError_t e, const char* expr, const char* file, int line) {
   if (cut != std::string::npos) f = f.substr(cut + 1);
   fail(ErrorCode::kCuda, f + ":" + std::to_string(line) + ": " + expr + ": " +
                              cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
-}
-
-int cuda_sm_count() {
-  static std::mutex mu;
-  static std::vector<int> cache;
-  int dev = 0;
-  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (static_cast<size_t>(dev) >= cache.size()) cache.resize(static_cast<size_t>(dev) + 1, 0);
-  int& n = cache[static_cast<size_t>(dev)];
-  if (n == 0) DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
 }
 
 void require_aligned16(const void* p, const char* op, const char* arg) {

@@ -18,9 +18,6 @@ namespace dsv41kv::detail {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
-// Streaming multiprocessors of the current device (cached per device, host-only query).
-int cuda_sm_count();
-
 // True when p is a multiple of `align` bytes.
 inline bool is_aligned(const void* p, uintptr_t align) {
   return (reinterpret_cast<uintptr_t>(p) % align) == 0;
@@ -71,8 +68,14 @@ __device__ __forceinline__ void pdl_allow_dependents() {
       ::dsv41kv::detail::cuda_fail(dsv41kv_err_, #expr, __FILE__, __LINE__);       \
   } while (0)
 
-// After a kernel launch: reports launch-configuration errors without synchronising.
-#define DSV41KV_CUDA_CHECK_LAUNCH(name) DSV41KV_CUDA_CHECK(cudaPeekAtLastError())
+// After a kernel launch: reports launch-configuration errors without synchronising, naming the
+// kernel (`name`, a string literal) in the message.
+#define DSV41KV_CUDA_CHECK_LAUNCH(name)                                              \
+  do {                                                                             \
+    const cudaError_t dsv41kv_err_ = cudaPeekAtLastError();                        \
+    if (dsv41kv_err_ != cudaSuccess)                                               \
+      ::dsv41kv::detail::cuda_fail(dsv41kv_err_, "launch of " name, __FILE__, __LINE__); \
+  } while (0)
 
 namespace dsv41kv::detail {
 // Launches `kernel` on `stream` (errors: Error(kCuda)); pdl = true adds programmatic stream
