@@ -17,8 +17,6 @@ struct CompressPlan {
   Device device = Device::CPU;
   int64_t N = 0;               // slot_mapping length (padding rows included)
   int64_t kv_row_stride = 0;   // floats between kv_score rows
-  int64_t kv_rows = 0;         // rows available in kv_score
-  int64_t latent_rows = 0;     // rows available in latent_out (0 when absent)
   int64_t num_reqs = 0;        // ratio 2: qsl.shape[0] - 1; ratio 1: 0
   int64_t cap = 0;             // ratio 2: ring rows per block
   int64_t ring_blocks = 0;
@@ -29,9 +27,10 @@ struct CompressPlan {
   int64_t prev_row_stride = 0;    // floats
   int64_t prev_indices = 0;       // R (0 when absent)
 };
-// `require_latent`: compress() needs latent_out; compress_insert() may omit it.
-CompressPlan plan_compress(const CompressArgs& a, bool require_latent = true);
-void check_compress_values(const CompressArgs& a, const CompressPlan& p);
+// compress(): latent_out required (compress_insert plans through plan_compress_insert).
+CompressPlan plan_compress(const CompressArgs& a);
+// Value checks of a CPU call; `op` names the operation in the messages.
+void check_compress_values(const CompressArgs& a, const CompressPlan& p, const char* op);
 
 struct InsertPlan {
   int ratio = 2;

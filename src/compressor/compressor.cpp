@@ -23,9 +23,9 @@ namespace {
 
 void compress(const CompressArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "compress");
-  const detail::CompressPlan p = detail::plan_compress(args, /*require_latent=*/true);
+  const detail::CompressPlan p = detail::plan_compress(args);
   if (p.device == Device::CPU) {
-    detail::check_compress_values(args, p);
+    detail::check_compress_values(args, p, "compress");
     if (p.N == 0) return;
     detail::cpu::compress(args, p, ctx);
     return;
@@ -61,7 +61,7 @@ void compress_insert(const CompressInsertArgs& args, const ExecContext& ctx) {
   detail::InsertPlan ip;
   detail::plan_compress_insert(args, cp, ip);
   if (cp.device == Device::CPU) {
-    detail::check_compress_values(args.compress, cp);
+    detail::check_compress_values(args.compress, cp, "compress_insert");
     detail::check_insert_values_impl(detail::insert_half(args), ip, "compress_insert");
     if (cp.N == 0) return;
     detail::cpu::compress_insert(args, cp, ip, ctx);

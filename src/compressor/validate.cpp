@@ -148,7 +148,6 @@ CompressPlan plan_compress_impl(const CompressArgs& a, bool require_latent, cons
 
   need_rows(op, a.kv_score, "kv_score", DType::F32, width, p.N, "f32 [rows >= N, 512*ratio]");
   need_row_stride16(op, a.kv_score, "kv_score");
-  p.kv_rows = a.kv_score.shape[0];
   p.kv_row_stride = a.kv_score.stride[0];
 
   const int64_t npos =
@@ -166,7 +165,6 @@ CompressPlan plan_compress_impl(const CompressArgs& a, bool require_latent, cons
     need_rows(op, a.latent_out, "latent_out", DType::BF16, kLatentDim, p.N,
               "bf16 [rows >= N, 512]");
     need_contiguous(op, a.latent_out, "latent_out");
-    p.latent_rows = a.latent_out.shape[0];
   }
 
   if (a.policy != RingPolicy::kTail && a.policy != RingPolicy::kOpenRow)
@@ -229,12 +227,9 @@ CompressPlan plan_compress_impl(const CompressArgs& a, bool require_latent, cons
 
 // ---------------------------------------------------------------- compress
 
-CompressPlan plan_compress(const CompressArgs& a, bool require_latent) {
-  return plan_compress_impl(a, require_latent, require_latent ? "compress" : "compress_insert");
-}
+CompressPlan plan_compress(const CompressArgs& a) { return plan_compress_impl(a, true, "compress"); }
 
-void check_compress_values(const CompressArgs& a, const CompressPlan& p) {
-  const char* op = "compress";
+void check_compress_values(const CompressArgs& a, const CompressPlan& p, const char* op) {
   if (p.ratio == 1) return;  // slot_mapping is only a validity mask; positions are not read
   const int64_t N = p.N, nr = p.num_reqs;
   const auto* qsl = a.qsl.ptr<const int32_t>();

@@ -127,7 +127,9 @@ TEST(Validation, Compress) {
     c.mutate(b2, ci.compress);
     if (std::string(c.name) == "latent absent") continue;  // optional for compress_insert
     if (std::string(c.name) == "built without CUDA") continue;  // insert half is on cpu
-    expect_error([&] { compress_insert(ci); }, c.code, "");
+    // ... with the same message, naming the fused op
+    expect_error([&] { compress_insert(ci); }, c.code, c.fragment);
+    expect_error([&] { compress_insert(ci); }, c.code, "compress_insert: ");
     expect_untouched(b2);
   }
 }
