@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU checks of the CUDA backend, for the device machine (H200). Stages, in order (default all):
 #   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
-#   test      build/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
-#   sanitize  compute-sanitizer memcheck and racecheck on test_gpu (exhaustive math tests left out)
+#   test      $BUILD/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
+#   sanitize  compute-sanitizer memcheck and racecheck on test_gpu's kernel tests
+#             (CompressorGpu, MetadataGpu, PcpGpu; the exhaustive math sweeps and the CLI-level
+#             GPU tests left out, see DSV41KV_SAN_FILTER)
 #   bench     dsv41kv bench --device cuda --json (and a table made from it)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
@@ -17,7 +19,8 @@
 #   DSV41KV_SAN_FILTER      gtest filter for the sanitizer runs
 #   DSV41KV_SAN_TIMEOUT     seconds per sanitizer tool (default 270)
 #   DSV41KV_BENCH_ITERS     timed repetitions per bench measurement (default 50)
-#   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry (bench-variants.json)
+#   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry
+#                           (bench-prefill256k-warps4.json, bench-decode256-warps1.json)
 #   DSV41KV_JOBS            build parallelism (default nproc)
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 // dsv41kv command-line tool. Exit codes: 0 success, 1 a check failed (conform, verify),
-// 2 bad input (flags, files, arguments) with the message on stderr.
+// 2 bad input (flags, files, arguments) with the message on stderr, 3 an internal error.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
