@@ -11,26 +11,15 @@
 #include <random>
 
 #include "dsv41kv/safetensors.hpp"
+#include "support/cli.hpp"
 #include "support/paths.hpp"
 
 namespace fs = std::filesystem;
 using namespace dsv41kv;
 using namespace dsv41kv::st;
+using dsv41kv::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    path = fs::temp_directory_path() / ("dsv41kv_io_" + std::to_string(getpid()) + "_" +
-                                        std::to_string(reinterpret_cast<uintptr_t>(this)));
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 std::vector<uint8_t> sample_file() {
   SafetensorsWriter w;

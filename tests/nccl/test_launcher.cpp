@@ -13,9 +13,11 @@
 
 #include "comm/launcher.hpp"
 #include "dsv41kv/common.hpp"
+#include "support/cli.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::comm;
+using dsv41kv::test::TempDir;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -30,19 +32,6 @@ LaunchOptions sh(int world, const std::string& script) {
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "dsv41kv-launch-test-XXXXXX").string();
-    EXPECT_NE(::mkdtemp(t.data()), nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 // Sets environment variables for one scope (the tests run single-threaded).
 struct ScopedEnv {
@@ -65,15 +54,14 @@ struct ScopedEnv {
 
 TEST(Launcher, EveryRankGetsItsEnvironment) {
   TempDir d;
-  auto o = sh(4, "echo \"$DSV41KV_RANK $DSV41KV_WORLD $DSV41KV_DEVICE $DSV41KV_RDZV $EXTRA\" > " + d.path +
-                     "/out.$DSV41KV_RANK");
+  auto o = sh(4, "echo \"$DSV41KV_RANK $DSV41KV_WORLD $DSV41KV_DEVICE $DSV41KV_RDZV $EXTRA\" > " + (d / "out.$DSV41KV_RANK"));
   o.env = {{"EXTRA", "x=1"}};
   const LaunchResult r = launch_local(o);
   ASSERT_EQ(r.exit_code, 0) << r.summary();
   EXPECT_EQ(r.first_failed_rank, -1);
   EXPECT_EQ(r.rendezvous.rfind("tcp://127.0.0.1:", 0), 0u) << r.rendezvous;
   for (int k = 0; k < 4; ++k) {
-    std::ifstream f(d.path + "/out." + std::to_string(k));
+    std::ifstream f(d / ("out." + std::to_string(k)));
     std::string line;
     std::getline(f, line);
     EXPECT_EQ(line, fmt::format("{} 4 {} {} x=1", k, k, r.rendezvous));

@@ -17,9 +17,11 @@
 
 #include "comm/rendezvous.hpp"
 #include "dsv41kv/common.hpp"
+#include "support/cli.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::comm;
+using dsv41kv::test::TempDir;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
@@ -46,19 +48,6 @@ std::vector<uint8_t> random_blob(size_t n, uint32_t seed) {
   for (auto& c : b) c = static_cast<uint8_t>(g());
   return b;
 }
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    std::string t = (std::filesystem::temp_directory_path() / "dsv41kv-rdzv-test-XXXXXX").string();
-    EXPECT_NE(::mkdtemp(t.data()), nullptr);
-    path = t;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 double elapsed_ms(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
@@ -134,7 +123,7 @@ TEST(Rendezvous, FileDeliversTheSameBlobToEveryRankAndWaitsForALatePublisher) {
   for (int P : {1, 2, 5}) {
     TempDir d;
     const auto blob = random_blob(kUniqueIdBytes, 100u + static_cast<uint32_t>(P));
-    const auto a = parse_rendezvous_address("file:" + d.path + "/unique_id");
+    const auto a = parse_rendezvous_address("file:" + (d / "unique_id"));
     const auto got = run_ranks(a, P, blob, P == 5 ? 300ms : 0ms);
     for (int r = 0; r < P; ++r) EXPECT_EQ(got[static_cast<size_t>(r)], blob) << "P " << P << " rank " << r;
     // Atomic publication: no temp file is left behind.
@@ -159,7 +148,7 @@ TEST(Rendezvous, TcpTimeoutWhenRank0NeverAppearsNamesWhatWasWaitedFor) {
 
 TEST(Rendezvous, FileTimeoutWhenRank0NeverAppearsNamesWhatWasWaitedFor) {
   TempDir d;
-  const std::string path = d.path + "/unique_id";
+  const std::string path = d / "unique_id";
   const auto t0 = Clock::now();
   expect_error(ErrorCode::kComm,
                [&] { rendezvous(parse_rendezvous_address(path), 3, 4, {}, 400ms); },
@@ -210,7 +199,7 @@ TEST(Rendezvous, WrongSizeIsReportedWithBothSizes) {
                {"64 bytes", "expected 128"});
   // A file holding 64 bytes where 128 are expected.
   TempDir d;
-  const std::string path = d.path + "/unique_id";
+  const std::string path = d / "unique_id";
   publish_file(path, 2, std::vector<uint8_t>(64, 1));
   expect_error(ErrorCode::kComm, [&] { fetch_file(path, 1, 2, 1s, kUniqueIdBytes); },
                {"rank 1", path, "64 bytes", "expected 128"});
@@ -243,7 +232,7 @@ TEST(Rendezvous, WorldMismatchFailsBothSides) {
   EXPECT_NE(server_error.find("rank 1 expects world size 3, rank 0 has 2"), std::string::npos) << server_error;
 
   TempDir d;
-  const std::string path = d.path + "/unique_id";
+  const std::string path = d / "unique_id";
   publish_file(path, 4, random_blob(kUniqueIdBytes, 2));
   expect_error(ErrorCode::kComm, [&] { fetch_file(path, 1, 2, 1s, kUniqueIdBytes); },
                {"rank 1", "world size 4", "expects 2"});
@@ -251,7 +240,7 @@ TEST(Rendezvous, WorldMismatchFailsBothSides) {
 
 TEST(Rendezvous, StaleOrForeignFileIsNotAccepted) {
   TempDir d;
-  const std::string path = d.path + "/unique_id";
+  const std::string path = d / "unique_id";
   std::ofstream(path) << "hello, not a unique id";
   expect_error(ErrorCode::kComm, [&] { fetch_file(path, 1, 2, 1s, kUniqueIdBytes); },
                {"rank 1", path, "not a rendezvous file"});

@@ -1,44 +1,20 @@
 // `dsv41kv run`: exit codes 0/1/2, the default --verify run, JSON output, E6, and the hidden
 // mutation switch that makes --verify exit 1 with the first difference.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 
-#include "support/paths.hpp"
+#include "support/cli.hpp"
 
 namespace {
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
+using dsv41kv::test::CliRun;
 
-std::string slurp(const std::string& p) {
-  std::ifstream f(p);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
+// `dsv41kv run <args>` in a private temporary directory (the shared runner of tests/support).
 CliRun run(const std::string& args) {
-  const std::string base = "/tmp/dsv41kv_test_run_" + std::to_string(::getpid());
-  const std::string out = base + ".out", err = base + ".err";
-  const std::string cmd = "'" + dsv41kv::test::cli_path() + "' run " + args + " > '" + out + "' 2> '" + err + "'";
-  const int st = std::system(cmd.c_str());
-  CliRun r;
-  r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  std::remove(out.c_str());
-  std::remove(err.c_str());
-  return r;
+  const dsv41kv::test::TempDir tmp;
+  return dsv41kv::test::run_cli("run " + args, tmp);
 }
 
 }  // namespace
