@@ -24,7 +24,6 @@
 #include "cli/commands.hpp"
 #include "comm/launcher.hpp"
 #include "comm/nccl_selftest.hpp"
-#include "comm/rendezvous.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/nccl_comm.hpp"
@@ -300,9 +299,7 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
                     const pcp::Workload& w) {
   const int P = env.world, r = env.rank;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  std::vector<uint8_t> id = r == 0 ? NcclCommunicator::create_unique_id() : std::vector<uint8_t>{};
-  if (P > 1) id = comm::rendezvous(comm::parse_rendezvous_address(env.rendezvous), r, P, id, timeout);
-  NcclCommunicator nccl(r, P, id, env.device, timeout);
+  NcclCommunicator nccl(r, P, comm::nccl_worker_unique_id(env, timeout), env.device, timeout);
   pcp::SimConfig sc = sc_in;
   sc.device = Device::CUDA;
   sc.cuda_device = env.device;

@@ -99,15 +99,12 @@ int gpu_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
   const int P = env.world;
   const size_t N = static_cast<size_t>(o.bytes);
   const std::string me = fmt::format("rank {}/{}", env.rank, P);
-  // NVLink multicast stays off unless the caller asked for it (shared machines, see docs).
-  ::setenv("NCCL_NVLS_ENABLE", "0", 0);
   CHECK_CUDA(cudaSetDevice(env.device));
   cudaDeviceProp prop{};
   CHECK_CUDA(cudaGetDeviceProperties(&prop, env.device));
 
   const auto t0 = Clock::now();
-  std::vector<uint8_t> id = env.rank == 0 ? NcclCommunicator::create_unique_id() : std::vector<uint8_t>{};
-  id = rendezvous_blob(env, id, o.timeout);
+  const std::vector<uint8_t> id = nccl_worker_unique_id(env, o.timeout);
   const double rdzv_ms = ms_since(t0);
   const auto t1 = Clock::now();
   // Deliberately not destroyed on the failure path (see Buffers).
@@ -264,6 +261,13 @@ int visible_cuda_devices(std::string* why) {
   if (why) *why = "built without CUDA";
   return 0;
 #endif
+}
+
+std::vector<uint8_t> nccl_worker_unique_id(const WorkerEnv& env, std::chrono::milliseconds timeout) {
+  // NVLink multicast stays off unless the caller asked for it (shared machines, see docs).
+  ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+  std::vector<uint8_t> id = env.rank == 0 ? NcclCommunicator::create_unique_id() : std::vector<uint8_t>{};
+  return rendezvous_blob(env, std::move(id), timeout);
 }
 
 int run_nccl_check_rank(const WorkerEnv& env, const NcclCheckOptions& o) {

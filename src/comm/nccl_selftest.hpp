@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/launcher.hpp"
 
@@ -26,6 +27,12 @@ struct NcclCheckOptions {
 // "rank r/P: error: ..."), 2 no NCCL/GPU in this build or process. Prints progress lines
 // prefixed "rank r/P:" to stdout.
 int run_nccl_check_rank(const WorkerEnv& env, const NcclCheckOptions& options);
+
+// The NCCL unique id of a worker's world: created by rank 0 and exchanged through
+// env.rendezvous when the world has more than one rank. Every NCCL worker of the project
+// (nccl-check, run --launch local) starts here, so it also keeps NVLink multicast off
+// (NCCL_NVLS_ENABLE=0) unless the caller's environment set it.
+std::vector<uint8_t> nccl_worker_unique_id(const WorkerEnv& env, std::chrono::milliseconds timeout);
 
 // CUDA devices visible to this process (0 without CUDA); `why` gets the runtime's message
 // when the query fails.
