@@ -14,7 +14,9 @@ TEST(Error, CarriesCodeAndPrefixesSpecCodes) {
   }
   try {
     fail(ErrorCode::kIo, "file.bin: cannot open");
+    FAIL() << "no throw";
   } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo);
     EXPECT_STREQ(e.what(), "file.bin: cannot open");
   }
 }

@@ -173,6 +173,7 @@ TEST(Safetensors, TypedAccessChecks) {
   f.expect("weights", StDType::F32);
   try {
     (void)f.info("missing");
+    FAIL() << "no throw for a missing tensor";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'missing'"), std::string::npos) << e.what();
   }
