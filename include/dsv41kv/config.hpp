@@ -82,6 +82,7 @@ struct ModelConfig {
   int ratio(int layer) const;
   const LayerInfo& layer(int layer) const;
   bool has_ratio(int r) const;  // some layer has ratio r
+  bool any_compressed() const { return has_ratio(1) || has_ratio(2); }  // some layer compresses
 };
 
 // Checks the constants and the lists (E1/E4/E7/kFormat as above) and fills `cfg.layers`.

@@ -163,8 +163,7 @@ void finalize_topology(ModelConfig& c, const std::string& src) {
   }
 
   const int n = c.num_layers();
-  bool any_compressed = false;
-  for (int L = 0; L < n; ++L) any_compressed = any_compressed || c.ratio(L) > 0;
+  const bool any_compressed = c.any_compressed();
 
   if (any_compressed) {
     if (!(std::isfinite(c.compress_rope_theta) && c.compress_rope_theta > 1.0))
@@ -266,9 +265,9 @@ ModelConfig parse_model_config(std::string_view text, const std::string& src) {
   c.candidate_topk_blocks = r.integer_or("candidate_topk_blocks", 0);
   c.candidate_block_size = r.integer_or("candidate_block_size", 0);
 
-  bool any_compressed = false;
-  for (int x : c.compress_ratios) any_compressed = any_compressed || x != 0;
-  // Keys the compressed layers need are required only when there are such layers.
+  // Keys the compressed layers need are required only when there are such layers (entries of
+  // compress_ratios beyond the model's layers do not count; invalid ratios are E1 later).
+  const bool any_compressed = c.any_compressed();
   c.index_n_heads = r.integer_or("index_n_heads", 0);
   c.index_head_dim = any_compressed ? r.integer("index_head_dim") : r.integer_or("index_head_dim", 128);
   c.index_topk = any_compressed ? r.integer("index_topk") : r.integer_or("index_topk", 0);

@@ -126,6 +126,13 @@ TEST(ModelConfig, E1BadRatio) {
   j = flash_json();
   j["compress_ratios"].push_back(128);  // beyond the layers, still rejected
   expect_error(j, ErrorCode::kConfigRatio, {"compress_ratios[43]", "128"});
+  // an unsupported ratio is E1 even when it is the only non-zero entry: it does not make the
+  // keys of compressed layers (index_topk, ...) required first
+  j = flash_json();
+  for (auto& r : j["compress_ratios"]) r = 0;
+  j["compress_ratios"][5] = 4;
+  j.erase("index_topk");
+  expect_error(j, ErrorCode::kConfigRatio, {"E1", "compress_ratios[5]", "4"});
   EXPECT_THROW((void)layer_type_of_ratio(3), Error);
 }
 
