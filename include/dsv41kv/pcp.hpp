@@ -73,7 +73,6 @@ struct StepPlan {
   std::vector<RankBatch> ranks;           // [P]
   // Gathered layout [P * padded], rank-major.
   std::vector<int64_t> gathered_source;   // global token index (0 for PAD rows, as vLLM)
-  std::vector<uint8_t> gathered_is_pad;
   std::vector<uint8_t> gathered_kv_write; // KV write mask: false for PAD and masked replicas
   std::vector<int32_t> gathered_req;      // global request (0 for PAD rows)
   std::vector<int64_t> gathered_positions;
@@ -119,7 +118,6 @@ LinkLocal link_local_keys(const LinkInput& in);
 struct LinkResult {
   int64_t num_rows = 0;
   int64_t R = 0;
-  std::vector<int64_t> all_keys;           // [P * num_rows] gathered keys
   std::vector<int64_t> sorted_keys;        // [P * num_rows]
   std::vector<int64_t> order;              // [P * num_rows] gathered index of sorted_keys[i]
   std::vector<int64_t> ring_write_slots;   // [P * num_rows]
@@ -192,7 +190,6 @@ struct LayerStepArgs {
 
 struct LayerStepResult {
   LinkResult link;                 // ratio 2 (empty for ratio 1)
-  std::vector<float> prev_rows;    // [P * num_rows, 1024] gathered last rows (ratio 2)
   CommVolume volume;               // keys, rows and latents of this layer (not positions)
 };
 

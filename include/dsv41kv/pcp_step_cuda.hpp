@@ -62,7 +62,6 @@ class DeviceRank {
   // Milliseconds of the last step on the device (CUDA events around pcp_layer_step_cuda, the
   // uploads and downloads excluded).
   double last_step_ms() const;
-  int cuda_device() const;
 
   struct Impl;
 

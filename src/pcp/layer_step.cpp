@@ -77,6 +77,7 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
   const int64_t kv_stride = a.kv_score.stride[0];
 
   TensorView slot_mapping;
+  std::vector<float> gathered_rows;  // ratio 2: [P * num_rows, 1024] the ranks' last rows
   if (a.ratio == 2) {
     check_view(a.qsl, "qsl", DType::I32, 1, 0);
     check_view(a.ring_slots, "ring_slots", DType::I64, padded, 0);
@@ -97,14 +98,8 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
       std::memcpy(send.data() + j * kRingRowFloats,
                   kv + res.link.gather_tokens[static_cast<size_t>(j)] * kv_stride,
                   sizeof(float) * kRingRowFloats);
-    res.prev_rows.assign(static_cast<size_t>(P) * send.size(), 0.0f);
-    comm.all_gather(send.data(), send.size() * sizeof(float), res.prev_rows.data());
-    const CommVolume ev = expected_comm_volume(P, padded, rows, 2);
-    res.volume.keys_sent = ev.keys_sent;
-    res.volume.keys_received = ev.keys_received;
-    res.volume.rows_sent = ev.rows_sent;
-    res.volume.rows_received = ev.rows_received;
-    res.volume.replaced_received = ev.replaced_received;
+    gathered_rows.assign(static_cast<size_t>(P) * send.size(), 0.0f);
+    comm.all_gather(send.data(), send.size() * sizeof(float), gathered_rows.data());
     slot_mapping = a.ring_slots;
     slot_mapping.shape[0] = padded;
   } else {
@@ -118,9 +113,9 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
   std::vector<int64_t> indices = res.link.prev_row_indices;
   if (a.mutation == Mutation::kDropGatheredPredecessors) std::fill(indices.begin(), indices.end(), -1);
   TensorView prev_rows, prev_idx, wslots;
-  const int64_t Gr = static_cast<int64_t>(res.prev_rows.size()) / kRingRowFloats;
+  const int64_t Gr = static_cast<int64_t>(gathered_rows.size()) / kRingRowFloats;
   if (a.ratio == 2 && Gr > 0) {
-    prev_rows = TensorView::contiguous(res.prev_rows.data(), DType::F32, {Gr, kRingRowFloats});
+    prev_rows = TensorView::contiguous(gathered_rows.data(), DType::F32, {Gr, kRingRowFloats});
     wslots = TensorView::contiguous(res.link.ring_write_slots.data(), DType::I64, {Gr});
   }
   if (a.ratio == 2 && res.link.R > 0)
@@ -128,7 +123,8 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
   step_common::open_row_compress(a, padded, slot_mapping, prev_rows, prev_idx, wslots, a.exec);
 
   // Latents of every rank, then every rank inserts every closing token once (SPEC 7.6).
-  step_common::gather_latents_and_insert(a, comm, padded, Device::CPU, a.exec, res.volume);
+  step_common::gather_latents_and_insert(a, comm, padded, Device::CPU, a.exec);
+  res.volume = step_common::layer_volume(P, padded, res.link.num_rows, a.ratio);
   return res;
 }
 

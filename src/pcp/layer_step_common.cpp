@@ -80,13 +80,17 @@ void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView&
   }
 }
 
+CommVolume layer_volume(int P, int64_t padded, int64_t num_rows, int ratio) {
+  CommVolume v = expected_comm_volume(P, padded, num_rows, ratio);
+  v.positions_sent = v.positions_received = 0;
+  return v;
+}
+
 void gather_latents_and_insert(const LayerStepArgs& a, Communicator& comm, int64_t padded,
-                               Device device, const ExecContext& ctx, CommVolume& vol) {
+                               Device device, const ExecContext& ctx) {
   const int64_t G = static_cast<int64_t>(comm.size()) * padded;
   const size_t bytes = static_cast<size_t>(padded) * kLatentDim * 2;
   comm.all_gather(a.latent.data, bytes, a.gathered_latent.data, device, ctx);
-  vol.latents_sent = bytes;
-  vol.latents_received = static_cast<uint64_t>(G) * kLatentDim * 2;
   if (G == 0) return;
   for (const CacheView& cache : a.caches) {
     InsertArgs ins;

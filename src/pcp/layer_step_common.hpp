@@ -34,9 +34,12 @@ void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView&
                        const TensorView& ring_write_slots, const ExecContext& ctx);
 
 // All-gathers this rank's latents ([padded, 512] bf16) into a.gathered_latent and inserts
-// every gathered closing token into every cache of the rank (every rank writes each one once);
-// records the latent volume in `vol`.
+// every gathered closing token into every cache of the rank (every rank writes each one once).
 void gather_latents_and_insert(const LayerStepArgs& a, Communicator& comm, int64_t padded,
-                               Device device, const ExecContext& ctx, CommVolume& vol);
+                               Device device, const ExecContext& ctx);
+
+// The bytes a layer step moves: SPEC 7.7 (expected_comm_volume) without the positions, which
+// are gathered once per step outside the layer.
+CommVolume layer_volume(int P, int64_t padded, int64_t num_rows, int ratio);
 
 }  // namespace dsv41kv::pcp::step_common

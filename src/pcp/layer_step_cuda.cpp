@@ -147,12 +147,6 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
       launch_gather_last_rows(a.kv_score.ptr<const float>(), a.kv_score.stride[0], d_gt, d_send, rows, stream);
     }
     comm.all_gather(d_send, static_cast<size_t>(rows) * kRingRowFloats * sizeof(float), d_prev, Device::CUDA, ctx);
-    const CommVolume ev = expected_comm_volume(P, padded, rows, 2);
-    res.volume.keys_sent = ev.keys_sent;
-    res.volume.keys_received = ev.keys_received;
-    res.volume.rows_sent = ev.rows_sent;
-    res.volume.rows_received = ev.rows_received;
-    res.volume.replaced_received = ev.replaced_received;
     slot_mapping = a.ring_slots;
     slot_mapping.shape[0] = padded;
   } else {
@@ -176,20 +170,19 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
   step_common::open_row_compress(a, padded, slot_mapping, prev_rows, prev_idx, wslots, ctx);
 
   // Latents of every rank, then every rank inserts every closing token once (SPEC 7.6).
-  step_common::gather_latents_and_insert(a, comm, padded, Device::CUDA, ctx, res.volume);
+  step_common::gather_latents_and_insert(a, comm, padded, Device::CUDA, ctx);
+  res.volume = step_common::layer_volume(P, padded, rows, a.ratio);
 
   // The link and the gathered last rows on the host (one synchronisation per step).
   if (a.ratio == 2) {
     LinkResult& L = res.link;
     L.num_rows = rows;
     L.R = R;
-    L.all_keys = download(d_all, Gr, stream);
     L.sorted_keys = rows > 0 ? download(d_sorted, Gr, stream) : std::vector<int64_t>(static_cast<size_t>(Gr), 0);
     L.order = rows > 0 ? download(d_order, Gr, stream) : std::vector<int64_t>(static_cast<size_t>(Gr), 0);
     L.ring_write_slots = rows > 0 ? download(d_wslots, Gr, stream) : std::vector<int64_t>(static_cast<size_t>(Gr), -1);
     L.prev_row_indices = download(d_idx, R, stream);
     L.gather_tokens = download(d_gt, rows, stream);
-    res.prev_rows = download(d_prev, Gr * kRingRowFloats, stream);
   }
   DSV41KV_CUDA_CHECK(cudaStreamSynchronize(stream));
   return res;
@@ -262,7 +255,6 @@ DeviceRank::~DeviceRank() {
 }
 
 double DeviceRank::last_step_ms() const { return impl_->last_ms; }
-int DeviceRank::cuda_device() const { return impl_->device; }
 
 void DeviceRank::all_gather_host(Communicator& comm, const void* send, size_t bytes, void* recv) {
   Impl& m = *impl_;

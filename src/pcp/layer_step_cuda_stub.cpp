@@ -25,6 +25,5 @@ DeviceRank::~DeviceRank() = default;
 LayerStepResult DeviceRank::step(const LayerStepArgs&, Communicator&) { no_cuda("DeviceRank::step"); }
 void DeviceRank::all_gather_host(Communicator&, const void*, size_t, void*) { no_cuda("DeviceRank::all_gather_host"); }
 double DeviceRank::last_step_ms() const { return 0; }
-int DeviceRank::cuda_device() const { return -1; }
 }  // namespace dsv41kv::pcp
 #endif

@@ -84,7 +84,6 @@ LinkResult link_resolve(const LinkInput& in, const LinkLocal& local,
   r.num_rows = local.num_rows;
   r.R = local.R;
   r.gather_tokens = local.gather_tokens;
-  r.all_keys.assign(all_keys.begin(), all_keys.end());
   r.order.resize(static_cast<size_t>(G));
   std::iota(r.order.begin(), r.order.end(), int64_t{0});
   if (tie == TieBreak::kGatheredIndex) {

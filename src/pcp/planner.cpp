@@ -116,7 +116,6 @@ StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOption
   const int64_t padded = plan.padded;
   const size_t rows = static_cast<size_t>(P) * static_cast<size_t>(padded);
   plan.gathered_source.assign(rows, 0);
-  plan.gathered_is_pad.assign(rows, 1);
   plan.gathered_kv_write.assign(rows, 0);
   plan.gathered_req.assign(rows, 0);
   plan.gathered_positions.assign(rows, 0);
@@ -135,7 +134,6 @@ StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOption
         const size_t row = static_cast<size_t>(k * padded + t);
         const int64_t src = plan.global_qsl[static_cast<size_t>(s.global_req)] + s.chunk_offset + i;
         plan.gathered_source[row] = src;
-        plan.gathered_is_pad[row] = 0;
         plan.gathered_kv_write[row] = s.writes_kv ? 1 : 0;
         plan.gathered_req[row] = s.global_req;
         plan.gathered_positions[row] = local_start + i;
