@@ -19,7 +19,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
@@ -34,6 +33,7 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/records.hpp"
+#include "dsv41kv/rope.hpp"
 
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -197,13 +197,7 @@ Inputs make_inputs(const Workload& w, int ratio, std::mt19937_64& rng) {
     v = (u - 0.5f) * 4.0f;
   }
   in.table_rows = max_pos + 2;
-  in.table.resize(static_cast<size_t>(in.table_rows * 64));
-  for (int64_t r = 0; r < in.table_rows; ++r)
-    for (int j = 0; j < 32; ++j) {
-      const double a = static_cast<double>(r) * std::pow(10000.0, -j / 32.0);
-      in.table[static_cast<size_t>(r * 64 + j)] = static_cast<float>(std::cos(a));
-      in.table[static_cast<size_t>(r * 64 + 32 + j)] = static_cast<float>(std::sin(a));
-    }
+  in.table = build_rope_table(RopeParams{}, in.table_rows).data;  // plain RoPE, theta 10000
   in.ring.resize(static_cast<size_t>((in.R + 1) * kCap * 1024));
   for (auto& v : in.ring) v = nd(rng);
   in.norm_w.resize(512);
@@ -218,7 +212,6 @@ struct Layer {
   Dev<int32_t> qsl, t2r;
   Dev<uint16_t> norm_w, latent;
   Dev<uint8_t> cache;
-  int64_t page_stride = 0;
 
   Layer(const Inputs& in, RecordFormat f)
       : kv(in.kv.size()), table(in.table.size()), ring(in.ring.size()), pos(in.pos.size()),
@@ -234,7 +227,6 @@ struct Layer {
     t2r.upload(in.t2r);
     norm_w.upload(in.norm_w);
     const CacheView c = CacheView::with_default_strides(nullptr, f, in.capacity / kStatesPerPage, kStatesPerPage);
-    page_stride = c.page_stride;
     cache = Dev<uint8_t>(static_cast<size_t>(c.backing_bytes()));
     ck(cudaMemset(cache.p, 0xA5, cache.n), "memset cache");
     ck(cudaMemset(latent.p, 0xFF, latent.n * 2), "memset latent");

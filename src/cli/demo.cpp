@@ -26,6 +26,7 @@
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
+#include "pcp/rng.hpp"
 
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -115,18 +116,13 @@ struct Gpu {
 };
 #endif
 
-// splitmix64: the hidden row of (request, position) is a pure function of the seed, so a
+// The hidden row of (request, position) is a pure function of the seed (splitmix64), so a
 // token's kv_score is the same whichever step or batch computes it.
-uint64_t mix(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using pcp::splitmix64;
 void fill_hidden_row(uint16_t* row, int64_t H, uint64_t seed, int64_t req, int64_t pos) {
-  uint64_t s = mix(seed ^ mix(static_cast<uint64_t>(req) * 0x100000001B3ull + static_cast<uint64_t>(pos)));
+  uint64_t s = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(req) * 0x100000001B3ull + static_cast<uint64_t>(pos)));
   for (int64_t k = 0; k < H; ++k) {
-    s = mix(s);
+    s = splitmix64(s);
     // roughly N(0,1): sum of two uniforms, centred and scaled
     const double u = (static_cast<double>(s >> 40) + static_cast<double>((s >> 16) & 0xFFFFFF)) /
                      static_cast<double>(1 << 24);
