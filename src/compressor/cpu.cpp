@@ -158,20 +158,24 @@ struct InsertIo {
   float inv = 1.0f;  // plain fp8: fp32(1 / sigma), computed once
 };
 
+// Token t is written (SPEC 5.1): a valid slot, not masked, and it closes its group (only closing
+// tokens are written).
+bool writes_token(const InsertIo& io, int ratio, int64_t t) {
+  return io.slot[t] >= 0 && (io.mask == nullptr || io.mask[t]) && (io.pos[t] + 1) % ratio == 0;
+}
+
 // SPEC 5.1 for one token.
 void insert_token(const InsertIo& io, int ratio, int64_t t, float* x, float* y) {
+  if (!writes_token(io, ratio, t)) return;
   const int64_t slot = io.slot[t];
-  if (slot < 0) return;
-  if (io.mask != nullptr && !io.mask[t]) return;
   const int64_t p = io.pos[t];
-  if ((p + 1) % ratio != 0) return;  // only closing tokens are written
   const uint16_t* lat = io.latent + t * kLatentDim;
   for (int d = 0; d < kLatentDim; ++d) x[d] = num::bf16_decode(lat[d]);
   std::memcpy(y, x, sizeof(float) * kLatentDim);
-  const float* row = io.table + ((p / ratio) * ratio) * (2 * 32);  // RoPE at the group start
+  const float* row = io.table + ((p / ratio) * ratio) * kRopeDim;  // RoPE at the group start
   for (int i = 0; i < kRopeDim / 2; ++i) {
     const int d0 = kNopeDim + 2 * i;
-    num::rope_forward(x[d0], x[d0 + 1], row[i], row[32 + i], y[d0], y[d0 + 1]);
+    num::rope_forward(x[d0], x[d0 + 1], row[i], row[kRopeDim / 2 + i], y[d0], y[d0 + 1]);
   }
   const CacheView& c = io.cache;
   const int64_t page = slot / c.states_per_page, off = slot % c.states_per_page;
@@ -204,10 +208,8 @@ void insert_token(const InsertIo& io, int ratio, int64_t t, float* x, float* y) 
 bool has_duplicate_writes(const InsertIo& io, int ratio, int64_t N) {
   std::vector<int64_t> s;
   s.reserve(static_cast<size_t>(N));
-  for (int64_t t = 0; t < N; ++t) {
-    if (io.slot[t] < 0 || (io.mask && !io.mask[t]) || (io.pos[t] + 1) % ratio != 0) continue;
-    s.push_back(io.slot[t]);
-  }
+  for (int64_t t = 0; t < N; ++t)
+    if (writes_token(io, ratio, t)) s.push_back(io.slot[t]);
   std::sort(s.begin(), s.end());
   return std::adjacent_find(s.begin(), s.end()) != s.end();
 }
