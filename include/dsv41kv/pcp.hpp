@@ -44,6 +44,8 @@ struct PlanOptions {
   DecodePlacement placement = DecodePlacement::kReplicated;
   int64_t graph_padding = 0;              // 0: padded = max_k n_k; else padded = this (E9 if
                                           //   below the largest rank's token count)
+  int64_t graph_pad_multiple = 0;         // > 0 (and graph_padding 0): padded = max_k n_k
+                                          //   rounded up to a multiple of this (at least one)
   int64_t num_speculative_tokens = 0;     // E6 when > 0 and P > 1
 };
 

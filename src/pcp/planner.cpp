@@ -38,6 +38,8 @@ StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOption
                      P, opt.num_speculative_tokens));
   if (opt.graph_padding < 0)
     invalid_argument(fmt::format("pcp: graph_padding = {} (expected >= 0)", opt.graph_padding));
+  if (opt.graph_pad_multiple < 0)
+    invalid_argument(fmt::format("pcp: graph_pad_multiple = {} (expected >= 0)", opt.graph_pad_multiple));
   if (opt.step < 0) invalid_argument(fmt::format("pcp: step = {} (expected >= 0)", opt.step));
 
   StepPlan plan;
@@ -104,6 +106,10 @@ StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOption
     plan.largest_rank_tokens = std::max(plan.largest_rank_tokens, rb.num_tokens);
   }
   plan.padded = plan.largest_rank_tokens;
+  if (opt.graph_pad_multiple > 0) {
+    const int64_t m = opt.graph_pad_multiple;
+    plan.padded = std::max<int64_t>((plan.largest_rank_tokens + m - 1) / m * m, m);
+  }
   if (opt.graph_padding > 0) {
     if (opt.graph_padding < plan.largest_rank_tokens)
       fail(ErrorCode::kPcpPadding,

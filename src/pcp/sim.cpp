@@ -483,12 +483,8 @@ StepReport Simulation::run_step(int64_t i) {
   opt.step = i;
   opt.placement = m.cfg.placement;
   opt.num_speculative_tokens = m.cfg.num_speculative_tokens;
+  opt.graph_pad_multiple = m.w.config.graph_pad_multiple;
   m.plan = plan_pcp_step(reqs, opt);
-  if (m.w.config.graph_pad_multiple > 0) {
-    const int64_t mult = m.w.config.graph_pad_multiple;
-    opt.graph_padding = std::max<int64_t>((m.plan.largest_rank_tokens + mult - 1) / mult * mult, mult);
-    m.plan = plan_pcp_step(reqs, opt);
-  }
   const int64_t G = static_cast<int64_t>(m.sreqs.size());
   const int64_t GP = static_cast<int64_t>(m.P) * m.plan.padded;
 
@@ -559,13 +555,6 @@ StepReport Simulation::run_step(int64_t i) {
 
 namespace {
 
-template <class T>
-uint64_t bad_here(const std::vector<T>& got, const std::vector<T>& want) {
-  uint64_t n = 0;
-  for (size_t i = 0; i < got.size(); ++i) n += std::memcmp(&got[i], &want[i], sizeof(T)) != 0;
-  return n;
-}
-
 struct Checker {
   int64_t step;
   CheckStats st;
@@ -586,13 +575,15 @@ struct Checker {
       return;
     }
     int64_t first_i = -1;
+    uint64_t here = 0;
     for (size_t i = 0; i < got.size(); ++i)
       if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-        ++bad;
+        ++here;
         if (first_i < 0) first_i = static_cast<int64_t>(i);
       }
+    bad += here;
     note(rank, tensor, first_i,
-         fmt::format("{}{} of {} elements differ", describe ? describe(first_i) + "; " : "", bad_here(got, want), got.size()));
+         fmt::format("{}{} of {} elements differ", describe ? describe(first_i) + "; " : "", here, got.size()));
   }
 };
 

@@ -85,6 +85,23 @@ TEST(PcpPlanner, GraphPaddingBelowLargestRankIsE9) {
   EXPECT_EQ(plan(reqs({3, 8}, {false, true}), 2, 16).padded, 16);
 }
 
+TEST(PcpPlanner, GraphPadMultipleRoundsTheLargestRankUp) {
+  const auto r = reqs({3, 8}, {false, true});  // largest rank: 7 tokens
+  PlanOptions o;
+  o.P = 2;
+  for (const auto& [mult, want] : std::vector<std::pair<int64_t, int64_t>>{{4, 8}, {7, 7}, {16, 16}, {1, 7}}) {
+    o.graph_pad_multiple = mult;
+    const StepPlan p = plan_pcp_step(r, o);
+    EXPECT_EQ(p.padded, want) << "multiple " << mult;
+    EXPECT_EQ(p.largest_rank_tokens, 7);
+    EXPECT_EQ(static_cast<int64_t>(p.gathered_source.size()), 2 * want);
+  }
+  o.graph_pad_multiple = 4;
+  EXPECT_EQ(plan_pcp_step(reqs({0}, {true}), o).padded, 4);  // no tokens: still one multiple
+  o.graph_pad_multiple = -1;
+  EXPECT_EQ(code_of([&] { plan_pcp_step(r, o); }), ErrorCode::kInvalidArgument);
+}
+
 TEST(PcpPlanner, SpeculativeDecodingIsE6) {
   PlanOptions o;
   o.P = 2;
