@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "dsv41kv/pcp.hpp"
+#include "dsv41kv/pcp_cuda.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -17,6 +18,14 @@ int64_t link_num_rows(int64_t N, int64_t max_num_seqs) {
     invalid_argument(fmt::format("link: N = {}, max_num_seqs = {} (expected N >= 0, max_num_seqs >= 1)",
                                  N, max_num_seqs));
   return std::min(N, 2 * max_num_seqs);
+}
+
+// The device link's sizes (pcp_cuda.hpp): the same rules as the host link, from the views' shapes.
+int64_t link_device_num_rows(const LinkDeviceInput& in) {
+  return link_num_rows(in.ring_slots.shape[0], in.max_num_seqs);
+}
+int64_t link_device_R(const LinkDeviceInput& in) {
+  return std::min(in.qsl.shape[0] - 1, link_device_num_rows(in));
 }
 
 int64_t link_key(int64_t slot, int64_t pos, int64_t cap) {

@@ -143,17 +143,6 @@ LinkDeviceWorkspace::~LinkDeviceWorkspace() {
   if (indices_) cudaFree(indices_);
 }
 
-int64_t link_device_num_rows(const LinkDeviceInput& in) {
-  const int64_t N = in.ring_slots.shape[0];
-  const int64_t m = 2 * in.max_num_seqs;
-  return N < m ? N : m;
-}
-
-int64_t link_device_R(const LinkDeviceInput& in) {
-  const int64_t nr = in.qsl.shape[0] - 1, rows = link_device_num_rows(in);
-  return nr < rows ? nr : rows;
-}
-
 void link_local_keys_cuda(const LinkDeviceInput& in, const TensorView& local_keys,
                           const TensorView& gather_tokens, const ExecContext& ctx) {
   static constexpr const char* op = "link_local_keys_cuda";

@@ -14,14 +14,6 @@ namespace {
 
 LinkDeviceWorkspace::LinkDeviceWorkspace(int64_t) { no_cuda("LinkDeviceWorkspace"); }
 LinkDeviceWorkspace::~LinkDeviceWorkspace() = default;
-int64_t link_device_num_rows(const LinkDeviceInput& in) {
-  const int64_t N = in.ring_slots.shape[0], m = 2 * in.max_num_seqs;
-  return N < m ? N : m;
-}
-int64_t link_device_R(const LinkDeviceInput& in) {
-  const int64_t nr = in.qsl.shape[0] - 1, rows = link_device_num_rows(in);
-  return nr < rows ? nr : rows;
-}
 void link_local_keys_cuda(const LinkDeviceInput&, const TensorView&, const TensorView&,
                           const ExecContext&) {
   no_cuda("link_local_keys_cuda");
