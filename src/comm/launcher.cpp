@@ -118,14 +118,6 @@ std::optional<WorkerEnv> worker_env_from_environment() {
   return w;
 }
 
-LaunchResult launch_local(int world, const std::vector<std::string>& argv, milliseconds timeout) {
-  LaunchOptions o;
-  o.world = world;
-  o.argv = argv;
-  o.failure_grace = timeout;
-  return launch_local(o);
-}
-
 LaunchResult launch_local(const LaunchOptions& o) {
   if (o.world < 1 || o.world > 1024)
     invalid_argument(fmt::format("launch_local: world size {} out of range [1, 1024]", o.world));

@@ -61,9 +61,6 @@ struct LaunchResult {
 // Starts the workers and returns when every one has ended (or was ended). Throws Error(kComm)
 // only when the launch itself fails (fork, temp dir); worker failures are in the result.
 LaunchResult launch_local(const LaunchOptions& options);
-// The short form: P workers of `argv`, failure grace `timeout`.
-LaunchResult launch_local(int world, const std::vector<std::string>& argv,
-                          std::chrono::milliseconds timeout);
 
 // The worker side: rank, world, device and rendezvous address from DSV41KV_* (set by the
 // launcher), else from mpirun's variables (OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK or

@@ -22,7 +22,6 @@ const char* kR2 = "compress_r2_shared.safetensors";
 std::string shipped(const char* name) { return test::conformance_dir() + "/" + name; }
 
 using test::CliRun;
-using test::slurp;
 using test::TempDir;
 
 // `dsv41kv conform <args>`

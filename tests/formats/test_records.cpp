@@ -15,9 +15,14 @@
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 #include "formats/reference.hpp"
+#include "support/canary.hpp"
+#include "support/compare.hpp"
 
 using namespace dsv41kv;
 namespace ref = dsv41kv::test::ref;
+using dsv41kv::test::bits_equal;
+using dsv41kv::test::kBf16Canary;
+using dsv41kv::test::kByteCanary;
 
 // ============================================================================ static layouts
 
@@ -113,8 +118,6 @@ TEST(RecordLayout, ValidateCacheNamesTheArgument) {
 
 namespace {
 
-constexpr uint8_t kCanary = 0xA5;
-constexpr uint16_t kBf16Canary = 0x4040;  // 3.0
 
 // A latent row: 512 bf16-exact values with a different magnitude per 64-dim tile (incl. a
 // zero tile, a tile with -0, tiny and huge tiles), and its rotated twin y (RoPE on 448..511).
@@ -181,20 +184,6 @@ void check_ue8m0_step(double dec, double v, uint8_t s, int d) {
   EXPECT_LE(std::fabs(dec - v), step) << "dim " << d;
 }
 
-void compare_backing(const std::vector<uint8_t>& got, const std::vector<uint8_t>& want,
-                     const char* what) {
-  ASSERT_EQ(got.size(), want.size());
-  int64_t bad = 0, first = -1;
-  for (size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i]) {
-      if (first < 0) first = static_cast<int64_t>(i);
-      ++bad;
-    }
-  EXPECT_EQ(bad, 0) << what << ": " << bad << " bytes differ, first at " << first << " (got "
-                    << int(got[static_cast<size_t>(std::max<int64_t>(first, 0))]) << ", want "
-                    << int(want[static_cast<size_t>(std::max<int64_t>(first, 0))]) << ")";
-}
-
 const std::vector<Slot> kSlots = {{1, 5}, {2, 0}, {0, 15}, {1, 6}, {2, 15}};
 constexpr int64_t kS = 16;
 constexpr int64_t kPages = 3;
@@ -203,7 +192,7 @@ constexpr int64_t kPages = 3;
 
 TEST(RecordRoundTrip, V4_584) {
   const int64_t stride = V4Layout::default_page_stride(kS) + 1000 + 3;  // non-default, unaligned
-  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
   std::mt19937 rng(21);
   for (size_t i = 0; i < kSlots.size(); ++i) {
     const Latent l = make_latent(rng, static_cast<int>(i));
@@ -211,7 +200,7 @@ TEST(RecordRoundTrip, V4_584) {
     uint8_t* page = buf.data() + sl.page * stride;
     rec::write_v4_584(page, kS, sl.r, l.x, l.y);
     expect_v4(want.data() + sl.page * stride, kS, sl.r, l);
-    compare_backing(buf, want, "584 backing");
+    EXPECT_TRUE(bits_equal(want, buf, "584 backing"));
     EXPECT_EQ(page[kS * 576 + sl.r * 8 + 7], 0);
     for (int d = 0; d < 512; ++d) {
       const uint16_t got = rec::read_v4_584(page, kS, sl.r, d);
@@ -229,7 +218,7 @@ TEST(RecordRoundTrip, V4_584) {
 
 TEST(RecordRoundTrip, Mxfp8_528) {
   const int64_t stride = Mxfp8Layout::default_page_stride(kS) + 517;
-  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
   std::mt19937 rng(22);
   for (size_t i = 0; i < kSlots.size(); ++i) {
     const Latent l = make_latent(rng, static_cast<int>(i));
@@ -237,7 +226,7 @@ TEST(RecordRoundTrip, Mxfp8_528) {
     uint8_t* page = buf.data() + sl.page * stride;
     rec::write_mxfp8_528(page, kS, sl.r, l.y);
     expect_mxfp8(want.data() + sl.page * stride, kS, sl.r, l);
-    compare_backing(buf, want, "528 backing");
+    EXPECT_TRUE(bits_equal(want, buf, "528 backing"));
     for (int d = 0; d < 512; ++d) {
       const uint16_t got = rec::read_mxfp8_528(page, kS, sl.r, d);
       const uint8_t q = page[sl.r * 512 + d], s = page[kS * 512 + sl.r * 16 + d / 32];
@@ -250,7 +239,7 @@ TEST(RecordRoundTrip, Mxfp8_528) {
 
 TEST(RecordRoundTrip, Nvfp4_288) {
   const int64_t stride = Nvfp4Layout::default_page_stride(kS) + 77;
-  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+  std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
   std::mt19937 rng(23);
   for (size_t i = 0; i < kSlots.size(); ++i) {
     const Latent l = make_latent(rng, static_cast<int>(i));
@@ -258,7 +247,7 @@ TEST(RecordRoundTrip, Nvfp4_288) {
     uint8_t* page = buf.data() + sl.page * stride;
     rec::write_nvfp4_288(page, kS, sl.r, l.y);
     expect_nvfp4(want.data() + sl.page * stride, kS, sl.r, l);
-    compare_backing(buf, want, "288 backing");
+    EXPECT_TRUE(bits_equal(want, buf, "288 backing"));
     for (int d = 0; d < 512; ++d) {
       const uint16_t got = rec::read_nvfp4_288(page, kS, sl.r, d);
       const uint8_t b = page[sl.r * 256 + d / 2];
@@ -285,10 +274,10 @@ TEST(RecordRoundTrip, PoisonedTilesStayInsideTheRecord) {
   l.y[460] = std::numeric_limits<float>::infinity();  // RoPE dim: 584 stores bf16 Inf
   {
     const int64_t stride = V4Layout::default_page_stride(kS) + 8;
-    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
     rec::write_v4_584(buf.data() + stride, kS, 3, l.x, l.y);
     expect_v4(want.data() + stride, kS, 3, l);
-    compare_backing(buf, want, "584 poisoned");
+    EXPECT_TRUE(bits_equal(want, buf, "584 poisoned"));
     uint8_t* page = buf.data() + stride;
     EXPECT_EQ(page[kS * 576 + 3 * 8 + 1], 255);
     for (int d = 64; d < 128; ++d) EXPECT_EQ(page[3 * 576 + d], 0x7F);
@@ -297,19 +286,19 @@ TEST(RecordRoundTrip, PoisonedTilesStayInsideTheRecord) {
   }
   {
     const int64_t stride = Mxfp8Layout::default_page_stride(kS);
-    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
     rec::write_mxfp8_528(buf.data(), kS, 0, l.y);
     expect_mxfp8(want.data(), kS, 0, l);
-    compare_backing(buf, want, "528 poisoned");
+    EXPECT_TRUE(bits_equal(want, buf, "528 poisoned"));
     EXPECT_EQ(buf[kS * 512 + 2], 255);
     EXPECT_EQ(buf[kS * 512 + 14], 255);
   }
   {
     const int64_t stride = Nvfp4Layout::default_page_stride(kS);
-    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kCanary), want = buf;
+    std::vector<uint8_t> buf(static_cast<size_t>(kPages * stride), kByteCanary), want = buf;
     rec::write_nvfp4_288(buf.data() + 2 * stride, kS, kS - 1, l.y);
     expect_nvfp4(want.data() + 2 * stride, kS, kS - 1, l);
-    compare_backing(buf, want, "288 poisoned");
+    EXPECT_TRUE(bits_equal(want, buf, "288 poisoned"));
     EXPECT_EQ(buf[2 * stride + kS * 256 + (kS - 1) * 32 + 4], 0x7F);
     EXPECT_EQ(buf[2 * stride + kS * 256 + (kS - 1) * 32 + 28], 0x7F);
   }
@@ -333,7 +322,7 @@ TEST(RecordRoundTrip, PlainBf16Rows) {
 
 TEST(RecordRoundTrip, PlainFp8Rows) {
   const int64_t row_stride = 515, page_stride = kS * row_stride + 100;
-  std::vector<uint8_t> buf(static_cast<size_t>(kPages * page_stride), kCanary), want = buf;
+  std::vector<uint8_t> buf(static_cast<size_t>(kPages * page_stride), kByteCanary), want = buf;
   std::mt19937 rng(26);
   std::normal_distribution<float> nd(0.0f, 40.0f);
   for (float sigma : {0.5f, 3.0f, 0.01f}) {

@@ -119,12 +119,4 @@ class DeviceBuffer {
   size_t off_ = 0;
 };
 
-// A host view with the same shape as a device view's (for the CPU reference).
-inline TensorView host_like(const TensorView& dev, void* host_data) {
-  TensorView v = dev;
-  v.data = host_data;
-  v.device = Device::CPU;
-  return v;
-}
-
 }  // namespace dsv41kv::test

@@ -12,9 +12,11 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/pcp.hpp"
+#include "support/canary.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::pcp;
+using dsv41kv::test::kBf16NaN;
 
 namespace {
 
@@ -162,7 +164,7 @@ TEST(PcpLink, WorkedExampleDataPath) {
     rs_ref[static_cast<size_t>(t)] = ring_block[static_cast<size_t>(req)] * cap + pos_ref[static_cast<size_t>(t)] % cap;
     cs_ref[static_cast<size_t>(t)] = cslot(req, pos_ref[static_cast<size_t>(t)]);
   }
-  std::vector<uint16_t> lat_ref(14 * 512, 0x7FC0);
+  std::vector<uint16_t> lat_ref(14 * 512, kBf16NaN);
   {
     CompressArgs c;
     c.kv_score = TensorView::contiguous(kv_ref.data(), DType::F32, {14, 1024});
@@ -218,8 +220,8 @@ TEST(PcpLink, WorkedExampleDataPath) {
         x.rs[static_cast<size_t>(t)] = ring_block[static_cast<size_t>(req)] * cap + x.pos[static_cast<size_t>(t)] % cap;
         kv_row(x.kv.data() + t * kRingRowFloats, req, x.pos[static_cast<size_t>(t)]);
       }
-    x.lat.assign(static_cast<size_t>(padded * 512), 0x7FC0);
-    x.glat.assign(static_cast<size_t>(GP * 512), 0x7FC0);
+    x.lat.assign(static_cast<size_t>(padded * 512), kBf16NaN);
+    x.glat.assign(static_cast<size_t>(GP * 512), kBf16NaN);
   }
   ThreadGroup group(2);
   group.run([&](Communicator& c) {
@@ -254,7 +256,7 @@ TEST(PcpLink, WorkedExampleDataPath) {
       const bool is_a = t > 0 && t < plan.ranks[static_cast<size_t>(k)].num_tokens;
       const bool want = is_a && std::find(closing[static_cast<size_t>(k)].begin(), closing[static_cast<size_t>(k)].end(), p) !=
                                     closing[static_cast<size_t>(k)].end();
-      const bool written = x.lat[static_cast<size_t>(t * 512)] != 0x7FC0 || x.lat[static_cast<size_t>(t * 512 + 1)] != 0x7FC0;
+      const bool written = x.lat[static_cast<size_t>(t * 512)] != kBf16NaN || x.lat[static_cast<size_t>(t * 512 + 1)] != kBf16NaN;
       EXPECT_EQ(written, want) << "rank " << k << " local row " << t << " position " << p;
       if (want) {
         EXPECT_EQ(std::memcmp(x.lat.data() + t * 512, lat_ref.data() + (p - 2) * 512, 1024), 0)

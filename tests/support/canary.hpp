@@ -18,7 +18,6 @@ inline constexpr uint8_t kByteCanary = 0xA5;        // 165: packed and fp8 cache
 inline constexpr uint16_t kBf16Canary = 0x4040;     // 3.0: bf16 caches
 inline constexpr uint16_t kBf16NaN = 0x7FC0;        // latents before an op
 inline constexpr uint16_t kBf16Sentinel = 0xC2F6;   // -123.0: gather outputs
-inline constexpr uint32_t kF32NaNBits = 0x7FC00000u;
 
 // The library dtype of an element type (uint16_t = bf16 bits).
 template <class T>
@@ -46,11 +45,6 @@ class CanaryBuffer {
   const T& operator[](size_t i) const { return data_[i]; }
   std::vector<T>& vec() { return data_; }
   const std::vector<T>& vec() const { return data_; }
-  T canary() const { return canary_; }
-
-  void refill() { std::fill(data_.begin(), data_.end(), canary_); }
-  // A copy with the same canary, for building an expected backing.
-  std::vector<T> snapshot() const { return data_; }
   // True when every element still holds the canary (bitwise).
   bool untouched() const {
     for (const T& v : data_)

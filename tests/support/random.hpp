@@ -44,9 +44,6 @@ inline std::vector<float> random_f32(size_t n, Rng& rng, double scale = 1.0) {
   for (auto& x : v) x = static_cast<float>(rng.normal() * scale);
   return v;
 }
-inline void fill_random_f32(float* p, size_t n, Rng& rng, double scale = 1.0) {
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<float>(rng.normal() * scale);
-}
 // n bf16 bit patterns of N(mean, scale^2) values.
 inline std::vector<uint16_t> random_bf16(size_t n, Rng& rng, double scale = 1.0,
                                          double mean = 0.0) {
