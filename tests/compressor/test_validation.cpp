@@ -10,6 +10,7 @@
 #include "compressor/batch.hpp"
 #include "dsv41kv/device.hpp"
 #include "support/compare.hpp"
+#include "support/errors.hpp"
 
 namespace dsv41kv::test {
 namespace {
@@ -21,17 +22,6 @@ Batch base_batch(int ratio = 2) {
   s.lengths = {1, 5, 13};
   s.starts = {7, 8, 13};
   return Batch::make(s, rng);
-}
-
-void expect_error(const std::function<void()>& call, ErrorCode code, const std::string& fragment) {
-  try {
-    call();
-    ADD_FAILURE() << "no error, expected '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code)) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos)
-        << "message '" << e.what() << "' lacks '" << fragment << "'";
-  }
 }
 
 void expect_untouched(const Batch& b) {

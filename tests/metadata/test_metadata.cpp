@@ -12,8 +12,10 @@
 
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/metadata.hpp"
+#include "support/errors.hpp"
 
 using namespace dsv41kv;
+using dsv41kv::test::expect_error;
 
 namespace {
 
@@ -28,20 +30,6 @@ TensorView i64v(std::vector<int64_t>& v) {
 }
 TensorView table(std::vector<int32_t>& v, int64_t rows, int64_t cols) {
   return TensorView::contiguous(v.data(), DType::I32, {rows, cols});
-}
-
-// Runs f, expects a dsv41kv::Error with `code` whose message contains every string of `parts`.
-void expect_error(const std::function<void()>& f, ErrorCode code,
-                  const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no exception; expected code " << static_cast<int>(code);
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << p << "'";
-  }
 }
 
 template <class T>

@@ -13,21 +13,14 @@
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/pcp.hpp"
 #include "support/canary.hpp"
+#include "support/errors.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::pcp;
+using dsv41kv::test::code_of;
 using dsv41kv::test::kBf16NaN;
 
 namespace {
-
-ErrorCode code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return static_cast<ErrorCode>(0);
-}
 
 LinkInput input(const std::vector<int64_t>& slots, const std::vector<int32_t>& qsl,
                 const std::vector<int64_t>& pos, int64_t cap = 8, int64_t max_num_seqs = 8) {

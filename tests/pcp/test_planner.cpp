@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include "dsv41kv/pcp.hpp"
+#include "support/errors.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::pcp;
+using dsv41kv::test::code_of;
 
 namespace {
 
@@ -33,15 +35,6 @@ StepPlan plan(const std::vector<GlobalRequest>& r, int P, int64_t pad = 0,
   o.placement = pl;
   o.step = step;
   return plan_pcp_step(r, o);
-}
-
-ErrorCode code_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.code();
-  }
-  return static_cast<ErrorCode>(0);
 }
 
 }  // namespace
