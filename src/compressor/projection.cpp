@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "compressor/parallel.hpp"
+#include "compressor/validate.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/safetensors.hpp"
@@ -114,9 +115,7 @@ void project_kv_score(const TensorView& hidden, const TensorView& weight,
     bad("kv_score", fmt::format("{} rows, expected at least T = {}", kv_score.shape[0], T));
   if (kv_score.shape[1] != O)
     bad("kv_score", fmt::format("{} columns, expected 512 * ratio = {}", kv_score.shape[1], O));
-  if (ctx.num_threads < 0)
-    invalid_argument(fmt::format("project_kv_score: ctx.num_threads = {}, expected >= 0",
-                                 ctx.num_threads));
+  detail::check_exec_context(ctx, "project_kv_score");
   if (T == 0) return;
 
   // Widen W once (row-major [O, H] fp32), in parallel.

@@ -87,6 +87,8 @@ TEST(Projection, Validation) {
   auto h2 = h;
   h2.shape[1] = 32;
   expect([&] { project_kv_score(h2, w, o); }, ErrorCode::kInvalidArgument, "hidden: 32 columns");
+  expect([&] { project_kv_score(h, w, o, ExecContext{nullptr, -1}); }, ErrorCode::kInvalidArgument,
+         "project_kv_score: ctx.num_threads = -1");
   auto o2 = o;
   o2.shape[1] = 512;
   expect([&] { project_kv_score(h, w, o2); }, ErrorCode::kInvalidArgument, "kv_score: 512 columns");
