@@ -154,6 +154,9 @@ struct CommVolume {
 // The SPEC 7.7 formulas for one step with one kv-source layer of `ratio`.
 CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio);
 
+// E8 (naming `op`) for num_speculative_tokens < 0; E6 for PCP (P > 1) with speculative tokens.
+void check_pcp_speculation(const char* op, int P, int64_t num_speculative_tokens);
+
 // ---------------------------------------------------------------- one layer on one rank
 
 // Test-only mutations of the PCP step (each must make the SPEC 7.8 check fail).

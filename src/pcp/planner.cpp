@@ -25,17 +25,21 @@ std::vector<int64_t> StepPlan::tokens_per_rank() const {
   return n;
 }
 
-StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOptions& opt) {
-  const int P = opt.P;
-  if (P < 1 || P > 1024) invalid_argument(fmt::format("pcp: P = {} (expected 1..1024)", P));
-  if (opt.num_speculative_tokens < 0)
-    invalid_argument(fmt::format("pcp: num_speculative_tokens = {} (expected >= 0)",
-                                 opt.num_speculative_tokens));
-  if (P > 1 && opt.num_speculative_tokens > 0)
+void check_pcp_speculation(const char* op, int P, int64_t num_speculative_tokens) {
+  if (num_speculative_tokens < 0)
+    invalid_argument(fmt::format("{}: num_speculative_tokens = {} (expected >= 0)", op,
+                                 num_speculative_tokens));
+  if (P > 1 && num_speculative_tokens > 0)
     fail(ErrorCode::kPcpWithSpec,
          fmt::format("pcp_size = {} with num_speculative_tokens = {}: PCP cannot be combined with "
                      "speculative decoding: under PCP the ring keeps only the open row",
-                     P, opt.num_speculative_tokens));
+                     P, num_speculative_tokens));
+}
+
+StepPlan plan_pcp_step(std::span<const GlobalRequest> requests, const PlanOptions& opt) {
+  const int P = opt.P;
+  if (P < 1 || P > 1024) invalid_argument(fmt::format("pcp: P = {} (expected 1..1024)", P));
+  check_pcp_speculation("pcp", P, opt.num_speculative_tokens);
   if (opt.graph_padding < 0)
     invalid_argument(fmt::format("pcp: graph_padding = {} (expected >= 0)", opt.graph_padding));
   if (opt.graph_pad_multiple < 0)

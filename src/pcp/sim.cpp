@@ -198,14 +198,7 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   if (cfg.ratio != 1 && cfg.ratio != 2)
     fail(ErrorCode::kCompressorRatio, fmt::format("simulation: ratio = {} (expected 1 or 2)", cfg.ratio));
   if (P < 1 || P > 64) invalid_argument(fmt::format("simulation: P = {} (expected 1..64)", P));
-  if (cfg.num_speculative_tokens < 0)
-    invalid_argument(fmt::format("simulation: num_speculative_tokens = {} (expected >= 0)",
-                                 cfg.num_speculative_tokens));
-  if (P > 1 && cfg.num_speculative_tokens > 0)
-    fail(ErrorCode::kPcpWithSpec,
-         fmt::format("pcp_size = {} with num_speculative_tokens = {}: PCP cannot be combined with "
-                     "speculative decoding: under PCP the ring keeps only the open row",
-                     P, cfg.num_speculative_tokens));
+  check_pcp_speculation("simulation", P, cfg.num_speculative_tokens);
   if (cfg.formats.empty()) invalid_argument("simulation: formats is empty (expected at least one)");
   validate(w.config);
   m.cfg = cfg;
