@@ -34,6 +34,16 @@ class Communicator {
   virtual void all_gather(const void* send, size_t bytes_per_rank, void* recv,
                           Device device = Device::CPU, const ExecContext& ctx = {}) = 0;
   virtual void barrier() = 0;
+  // Blocks the host until the work ordered on `stream` (a cudaStream_t; this communicator's
+  // collectives included) has completed, with this communicator's failure detection: a
+  // communicator that can tell a dead or hung peer (NcclCommunicator) bounds the wait by its
+  // timeout and throws ErrorCode::kComm naming the rank instead of hanging. Returns false when
+  // the communicator has no such wait (ThreadGroup: its device gathers complete before they
+  // return); the caller then synchronises the stream itself.
+  virtual bool wait_device(void* stream) {
+    (void)stream;
+    return false;
+  }
 
   // Bytes this rank contributed to / received from all_gather calls since construction
   // (received counts the whole gathered output, own segment included, as SPEC 7.7 does).

@@ -70,6 +70,11 @@ class NcclCommunicator final : public Communicator {
   // on a stream that is being captured.
   void wait(void* stream, std::chrono::milliseconds timeout);
   void wait(void* stream) { wait(stream, timeout_); }
+  // Communicator's bounded wait: wait(stream) with the communicator's timeout; returns true.
+  bool wait_device(void* stream) override {
+    wait(stream, timeout_);
+    return true;
+  }
 
   // Polls ncclCommGetAsyncError once; throws kComm (after aborting) on an error.
   void check_async_error(const char* what);

@@ -32,13 +32,6 @@ uint64_t fnv1a(const std::vector<uint8_t>& b) {
   return h;
 }
 
-[[noreturn]] void die_now(const WorkerEnv& env, const char* where) {
-  std::printf("rank %d/%d: --kill-rank: killing myself (SIGKILL) %s\n", env.rank, env.world, where);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  ::kill(::getpid(), SIGKILL);
-  ::_exit(137);  // not reached
-}
 
 std::vector<uint8_t> rendezvous_blob(const WorkerEnv& env, std::vector<uint8_t> blob0,
                                      std::chrono::milliseconds timeout) {
@@ -47,7 +40,7 @@ std::vector<uint8_t> rendezvous_blob(const WorkerEnv& env, std::vector<uint8_t> 
 }
 
 int host_only_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
-  if (env.rank == o.kill_rank) die_now(env, "before the rendezvous");
+  if (env.rank == o.kill_rank) kill_self(env, "before the rendezvous");
   std::vector<uint8_t> blob;
   if (env.rank == 0) {
     std::random_device rd;
@@ -170,7 +163,7 @@ int gpu_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
   for (int it = 0; it < o.iters; ++it) {
     if (env.rank == o.kill_rank && it == o.kill_after) {
       comm.wait(stream);
-      die_now(env, fmt::format("before timed eager all_gather {} of {}", it, o.iters).c_str());
+      kill_self(env, fmt::format("before timed eager all_gather {} of {}", it, o.iters).c_str());
     }
     comm.all_gather(b.d_send, N, b.d_recv, Device::CUDA, ctx);
   }
@@ -291,6 +284,14 @@ int run_nccl_check_rank(const WorkerEnv& env, const NcclCheckOptions& o) {
     if (!o.host_only) ::_exit(code);
     return code;
   }
+}
+
+[[noreturn]] void kill_self(const WorkerEnv& env, const char* where) {
+  std::printf("rank %d/%d: --kill-rank: killing myself (SIGKILL) %s\n", env.rank, env.world, where);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::kill(::getpid(), SIGKILL);
+  ::_exit(137);  // not reached
 }
 
 }  // namespace dsv41kv::comm

@@ -34,6 +34,11 @@ int run_nccl_check_rank(const WorkerEnv& env, const NcclCheckOptions& options);
 // (NCCL_NVLS_ENABLE=0) unless the caller's environment set it.
 std::vector<uint8_t> nccl_worker_unique_id(const WorkerEnv& env, std::chrono::milliseconds timeout);
 
+// The failure-handling checks (nccl-check --kill-rank, run --kill-rank): prints "rank r/P:
+// --kill-rank: killing myself (SIGKILL) <where>" and raises SIGKILL, so the process dies as if
+// killed from outside (no destructor, no NCCL teardown).
+[[noreturn]] void kill_self(const WorkerEnv& env, const char* where);
+
 // CUDA devices visible to this process (0 without CUDA); `why` gets the runtime's message
 // when the query fails.
 int visible_cuda_devices(std::string* why);

@@ -173,6 +173,11 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
   step_common::gather_latents_and_insert(a, comm, padded, Device::CUDA, ctx);
   res.volume = step_common::layer_volume(P, padded, rows, a.ratio);
 
+  // Everything above, the collectives included, has to finish before the link comes back: wait
+  // through the communicator so that a dead peer becomes its kComm error (NCCL: bounded by its
+  // timeout, then ncclCommAbort) instead of a host blocked for ever. This comes before the
+  // downloads because a device-to-pageable copy blocks the host like a synchronisation.
+  comm.wait_device(stream);
   // The link and the gathered last rows on the host (one synchronisation per step).
   if (a.ratio == 2) {
     LinkResult& L = res.link;
@@ -266,6 +271,7 @@ void DeviceRank::all_gather_host(Communicator& comm, const void* send, size_t by
   ExecContext ctx;
   ctx.stream = m.stream;
   comm.all_gather(ds, bytes, dr, Device::CUDA, ctx);
+  comm.wait_device(m.stream);  // a dead peer: the communicator's error, not a hang in the copy below
   if (total > 0) DSV41KV_CUDA_CHECK(cudaMemcpyAsync(recv, dr, total, cudaMemcpyDeviceToHost, m.stream));
   DSV41KV_CUDA_CHECK(cudaStreamSynchronize(m.stream));
 }

@@ -33,10 +33,20 @@ TEST(RunDevice, BadCombinationsExit2) {
   EXPECT_EQ(b.code, 2);
   const CliRun c = run_cli("run --launch remote", tmp);
   EXPECT_EQ(c.code, 2);
+  const CliRun k = run_cli("run --pcp 2 --steps 3 --kill-rank 1", tmp);  // only workers can be killed
+  EXPECT_EQ(k.code, 2);
+  EXPECT_NE(k.err.find("--kill-rank 1 without --launch local"), std::string::npos) << k.err;
   if (cuda_device_available()) {
     const CliRun d = run_cli("run --pcp 2,4 --device cuda --launch local", tmp);  // one P per launch
     EXPECT_EQ(d.code, 2);
     EXPECT_NE(d.err.find("one P per launch"), std::string::npos) << d.err;
+    // checked before any worker starts, whatever the number of GPUs
+    const CliRun e = run_cli("run --pcp 2 --device cuda --launch local --kill-rank 2", tmp);
+    EXPECT_EQ(e.code, 2);
+    EXPECT_NE(e.err.find("--kill-rank 2: outside the ranks [0, 2)"), std::string::npos) << e.err;
+    const CliRun f = run_cli("run --pcp 2 --steps 3 --device cuda --launch local --kill-rank 1 --kill-at-step 3", tmp);
+    EXPECT_EQ(f.code, 2);
+    EXPECT_NE(f.err.find("--kill-at-step 3: the workload has 3 step(s)"), std::string::npos) << f.err;
   }
 }
 

@@ -8,6 +8,8 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <gtest/gtest.h>
 
+#include <chrono>
+
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -155,6 +157,27 @@ TEST_F(PcpRunGpu, CliLaunchLocalOneGpu) {
     EXPECT_EQ(r2.code, 0) << r2.out << r2.err;
     EXPECT_NE(r2.out.find("rank 1/2: verify: identical"), std::string::npos) << r2.out;
   }
+}
+
+// Issue 5's failure handling on the real step: rank 1 dies (SIGKILL) before step 2, rank 0 is
+// then inside the step's all-gathers; its wait through the communicator must end it with its own
+// kComm error within --timeout (not the launcher's SIGTERM after the grace period).
+TEST_F(PcpRunGpu, CliLaunchLocalKilledRankEndsThePeerWithinTheTimeout) {
+  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus < 2) GTEST_SKIP() << "needs 2 GPUs, " << gpus << " visible";
+  TempDir tmp;
+  const auto t0 = std::chrono::steady_clock::now();
+  const CliRun r = run_cli("run --pcp 2 --device cuda --launch local --steps 6 --timeout 10 --kill-rank 1 "
+                           "--kill-at-step 2", tmp);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string all = r.out + r.err;
+  EXPECT_EQ(r.code, 1) << all;
+  EXPECT_NE(all.find("rank 1/2: --kill-rank: killing myself (SIGKILL) before step 2"), std::string::npos) << all;
+  EXPECT_NE(all.find("first failure: rank 1"), std::string::npos) << all;
+  EXPECT_NE(all.find("rank 0/2: error: rank 0 of 2"), std::string::npos) << all;
+  EXPECT_EQ(all.find("from the launcher"), std::string::npos) << "rank 0 must end on its own:\n" << all;
+  EXPECT_LT(seconds, 60.0) << all;
 }
 
 }  // namespace
