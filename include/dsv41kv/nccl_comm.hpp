@@ -89,6 +89,9 @@ class NcclCommunicator final : public Communicator {
 
  private:
   [[noreturn]] void abort_and_fail(const std::string& message);
+  // Polls a non-blocking call's ncclResult_t (`result`) until its enqueue has completed;
+  // aborts and throws kComm on an error or after the timeout.
+  void finish_enqueue(int result, const char* what);
   void require_usable(const char* what) const;
 
   int rank_ = 0;

@@ -337,6 +337,9 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   for (int64_t i = 0; i < mine.num_steps(); ++i) {
     if (r == o.kill_rank && i == o.kill_at_step)
       comm::kill_self(env, fmt::format("before step {}", i).c_str());
+    // The ranks meet before each step so that its GPU time is the step's, not the time this rank
+    // waits in the first collective for a peer still busy with the previous step's CPU check.
+    nccl.barrier();
     const pcp::StepReport rep = mine.run_step(i);
     ++steps_run;
     const size_t k = static_cast<size_t>(r);

@@ -206,11 +206,22 @@ void NcclCommunicator::all_gather(const void* send, size_t bytes_per_rank, void*
     recv = zero;
     count = 1;
   }
+  const ncclResult_t r = ncclAllGather(send, recv, count, ncclChar, as_comm(comm_), as_stream(ctx.stream));
+  finish_enqueue(r, fmt::format("ncclAllGather ({} bytes per rank)", bytes_per_rank).c_str());
+  counters_.calls += 1;
+  counters_.bytes_sent += bytes_per_rank;
+  counters_.bytes_received += bytes_per_rank * static_cast<uint64_t>(size_);
+}
+
+void NcclCommunicator::finish_enqueue(int result, const char* what) {
+  // Non-blocking communicator: a call may return ncclInProgress and finish its enqueue
+  // asynchronously (connection setup on the first collective between two peers). NCCL refuses
+  // the next call on the communicator ("Attempt to use communicator before the previous
+  // operation returned ncclSuccess") until ncclCommGetAsyncError says ncclSuccess, so every
+  // call is polled to completion here. Host-side state only: legal during capture.
   ncclComm_t comm = as_comm(comm_);
-  ncclResult_t r = ncclAllGather(send, recv, count, ncclChar, comm, as_stream(ctx.stream));
+  auto r = static_cast<ncclResult_t>(result);
   if (r == ncclInProgress) {
-    // Non-blocking communicator: the enqueue may finish asynchronously (e.g. connection setup
-    // on the first call). Poll the host-side state only: legal during capture.
     const auto deadline = Clock::now() + timeout_;
     Backoff backoff;
     for (;;) {
@@ -221,27 +232,21 @@ void NcclCommunicator::all_gather(const void* send, size_t bytes_per_rank, void*
         break;
       }
       if (Clock::now() >= deadline)
-        abort_and_fail(fmt::format("rank {} of {}: all_gather ({} bytes per rank): enqueue did not complete "
-                                   "within {} ms", rank_, size_, bytes_per_rank, timeout_.count()));
+        abort_and_fail(fmt::format("rank {} of {}: {}: enqueue did not complete within {} ms", rank_, size_, what,
+                                   timeout_.count()));
       backoff();
     }
   }
   if (r != ncclSuccess)
-    abort_and_fail(fmt::format("rank {} of {}: ncclAllGather ({} bytes per rank) failed: {}", rank_, size_,
-                               bytes_per_rank, nccl_text(r, comm)));
-  counters_.calls += 1;
-  counters_.bytes_sent += bytes_per_rank;
-  counters_.bytes_received += bytes_per_rank * static_cast<uint64_t>(size_);
+    abort_and_fail(fmt::format("rank {} of {}: {} failed: {}", rank_, size_, what, nccl_text(r, comm)));
 }
 
 void NcclCommunicator::barrier() {
   require_usable("barrier");
   auto* region = static_cast<char*>(scratch_) + zero_region_bytes(size_);
-  ncclComm_t comm = as_comm(comm_);
   cudaSetDevice(device_);
-  ncclResult_t r = ncclAllGather(region + 4 * rank_, region, 4, ncclChar, comm, as_stream(own_stream_));
-  if (r != ncclSuccess && r != ncclInProgress)
-    abort_and_fail(fmt::format("rank {} of {}: barrier: ncclAllGather failed: {}", rank_, size_, nccl_text(r, comm)));
+  finish_enqueue(ncclAllGather(region + 4 * rank_, region, 4, ncclChar, as_comm(comm_), as_stream(own_stream_)),
+                 "barrier: ncclAllGather");
   wait(own_stream_, timeout_);
 }
 
@@ -251,14 +256,17 @@ void NcclCommunicator::wait(void* stream, milliseconds timeout) {
   ncclComm_t comm = as_comm(comm_);
   Backoff backoff;
   for (;;) {
-    const cudaError_t e = cudaStreamQuery(as_stream(stream));
+    cudaError_t e = cudaStreamQuery(as_stream(stream));
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) state = r;
     if (state != ncclSuccess && state != ncclInProgress)
       abort_and_fail(fmt::format("rank {} of {}: wait: NCCL reports {} (a peer died or the network failed)", rank_,
                                  size_, nccl_text(state, comm)));
-    if (e == cudaSuccess) return;
+    // Done when the stream has drained and no call is still being enqueued (state ncclSuccess):
+    // an empty stream alone does not mean that while an enqueue is in progress.
+    if (e == cudaSuccess && state == ncclSuccess) return;
+    if (e == cudaSuccess) e = cudaErrorNotReady;
     if (e != cudaErrorNotReady)
       abort_and_fail(fmt::format("rank {} of {}: wait: cudaStreamQuery: {}: {}", rank_, size_, cudaGetErrorName(e),
                                  cudaGetErrorString(e)));
