@@ -23,10 +23,18 @@ cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
 
 size_t zero_region_bytes(int size) { return (static_cast<size_t>(size) + 255) / 256 * 256; }
 
-// Sleeps a little longer each round (50 us .. 1 ms) so that short waits stay short.
+// Polling pace of the host-side waits: yields the core (no sleep) for the first 200 us, since
+// most collectives and enqueues finish within that and a sleep's oversleep (tens of us to a
+// scheduler tick) would become the step's latency; then sleeps 20 us doubling to 1 ms, so a
+// long wait (a slow or dead peer) does not burn a core.
 struct Backoff {
-  std::chrono::microseconds d{50};
+  Clock::time_point start = Clock::now();
+  std::chrono::microseconds d{20};
   void operator()() {
+    if (Clock::now() - start < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+      return;
+    }
     std::this_thread::sleep_for(d);
     d = std::min(d * 2, std::chrono::microseconds(1000));
   }
