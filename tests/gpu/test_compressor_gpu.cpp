@@ -455,27 +455,89 @@ TEST_F(CompressorGpu, BadInputsRejectedBeforeLaunch) {
   GPU_CHECK(cudaGetLastError());
 }
 
-// Out-of-range device values (which the host cannot check without a synchronisation) are
-// skipped by the kernels: nothing is written outside the backings, nothing faults.
+// Out-of-range device values (which the host cannot check without a synchronisation, SPEC 0.4
+// item 3) are skipped by the kernels: nothing faults (compute-sanitizer runs this test), nothing
+// is written outside the backings' live regions (ring padding between blocks, cache page
+// padding, the latent rows past N keep their canaries), and every request that holds no
+// poisoned value gets exactly the CPU's latents of the clean batch. Poisons: ring and cache
+// slots beyond the ring/cache, token_to_req beyond num_reqs, negative positions and (ratio 2) a
+// qsl entry beyond N. Both kernels (the decode-sized and the streaming grid), fused with the
+// insert for every record format.
 TEST_F(CompressorGpu, OutOfRangeDeviceValuesAreSkipped) {
-  GpuBatchSpec s = shapes(2)[1];
-  GpuBatch b = GpuBatch::make(s, rng());
-  GpuBatch ref = b;
-  // poison: ring and cache slots beyond the ring/cache, token_to_req beyond num_reqs (negative
-  // positions and bad qsl entries are not poisoned here yet: to add with the next device run)
-  for (int64_t t = 0; t < b.N; t += 7) b.ring_slots[static_cast<size_t>(t)] = b.ring_blocks * s.cap + 5;
-  for (int64_t t = 3; t < b.N; t += 11) b.cache_slots[static_cast<size_t>(t)] = b.num_pages * s.S + 1;
-  for (int64_t t = 5; t < b.N; t += 13) b.t2r[static_cast<size_t>(t)] = 1000;
-  GpuBatchDev d(b);
-  compress_insert(compress_insert_args(b, &d, true));
-  GPU_CHECK(cudaDeviceSynchronize());
-  GPU_CHECK(cudaGetLastError());
-  // the ring padding between blocks (block stride > cap * 1024) is never written
-  const std::vector<float> ring = d.ring.download();
-  for (int64_t blk = 0; blk < b.ring_blocks; ++blk)
-    for (int64_t f = s.cap * 1024; f < b.block_stride; ++f)
-      ASSERT_EQ(num::f2u(ring[static_cast<size_t>(blk * b.block_stride + f)]),
-                num::f2u(ref.ring[static_cast<size_t>(blk * b.block_stride + f)]));
+  for (int ratio : {1, 2})
+    for (int shape : {1, 2})
+      for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288,
+                             RecordFormat::PLAIN_BF16, RecordFormat::PLAIN_FP8}) {
+        GpuBatchSpec s = shapes(ratio)[static_cast<size_t>(shape)];
+        s.format = f;
+        if (shape == 2) s.page_extra = 5;  // page padding in the streaming-kernel shape too
+        GpuBatch b = GpuBatch::make(s, rng());
+        GpuBatch ref = b;  // the clean batch: the CPU reference
+        compress_insert(compress_insert_args(ref, nullptr, true));
+        const std::string w = "r" + std::to_string(ratio) + " " + name_of(s) + " " + record_info(f).name;
+
+        std::vector<char> dirty(static_cast<size_t>(s.num_reqs), 0);  // requests holding a poison
+        auto req_of = [&](int64_t t) { return static_cast<size_t>(b.t2r[static_cast<size_t>(t)]); };
+        const int64_t ring_cap = b.ring_blocks * s.cap, cache_cap = b.num_pages * s.S;
+        int poisoned = 0;
+        for (int64_t t = 0; t < b.A; ++t) {
+          const int kind = static_cast<int>(t % 29);
+          if (kind > 4) continue;
+          const size_t req = req_of(t);
+          if (kind == 0) b.cache_slots[static_cast<size_t>(t)] = cache_cap + 1 + t;
+          if (kind == 1) b.pos[static_cast<size_t>(t)] = -1 - t;
+          if (ratio == 2 && kind == 2) b.ring_slots[static_cast<size_t>(t)] = ring_cap + 5;
+          if (ratio == 2 && kind == 3) b.t2r[static_cast<size_t>(t)] = 1000;
+          if (ratio == 2 && kind == 4) b.t2r[static_cast<size_t>(t)] = -2;
+          if (ratio == 1 && kind >= 2) continue;
+          dirty[req] = 1;
+          ++poisoned;
+        }
+        if (ratio == 2 && s.num_reqs >= 3) {  // request k's start (and k-1's end) beyond N
+          const int k = s.num_reqs / 2;
+          b.qsl[static_cast<size_t>(k)] = static_cast<int32_t>(b.N + 100);
+          dirty[static_cast<size_t>(k)] = dirty[static_cast<size_t>(k - 1)] = 1;
+        }
+        ASSERT_GT(poisoned, 0) << w;
+        GpuBatchDev d(b);
+        compress_insert(compress_insert_args(b, &d, true));
+        GPU_CHECK(cudaDeviceSynchronize());
+        GPU_CHECK(cudaGetLastError());
+
+        // 1. nothing outside the live regions
+        const std::vector<float> ring = d.ring.download();
+        for (int64_t blk = 0; blk < b.ring_blocks; ++blk)
+          for (int64_t x = s.cap * 1024; x < b.block_stride; ++x)
+            ASSERT_EQ(num::f2u(ring[static_cast<size_t>(blk * b.block_stride + x)]),
+                      num::f2u(b.ring[static_cast<size_t>(blk * b.block_stride + x)]))
+                << w << ": ring padding of block " << blk;
+        const int64_t live = CacheView::with_default_strides(nullptr, f, b.num_pages, s.S).page_stride;
+        ASSERT_GT(b.page_stride, live) << w;
+        if (b.bf16_cache()) {
+          const std::vector<uint16_t> c = d.cache16.download();
+          for (int64_t pg = 0; pg < b.num_pages; ++pg)
+            for (int64_t x = live; x < b.page_stride; ++x)
+              ASSERT_EQ(c[static_cast<size_t>(pg * b.page_stride + x)], kBf16Canary) << w << ": page " << pg;
+        } else {
+          const std::vector<uint8_t> c = d.cache8.download();
+          for (int64_t pg = 0; pg < b.num_pages; ++pg)
+            for (int64_t x = live; x < b.page_stride; ++x)
+              ASSERT_EQ(c[static_cast<size_t>(pg * b.page_stride + x)], kByteCanary) << w << ": page " << pg;
+        }
+        const std::vector<uint16_t> lat = d.latent.download();
+        for (size_t x = static_cast<size_t>(b.N * 512); x < lat.size(); ++x)
+          ASSERT_EQ(lat[x], kBf16NaN) << w << ": latent row " << x / 512 << " past N";
+        // 2. the clean requests' latents are the CPU's (ratio 1: every token is its own program)
+        int64_t compared = 0;
+        for (int64_t t = 0; t < b.A; ++t) {
+          const bool clean = ratio == 1 ? (t % 29 > 1) : !dirty[static_cast<size_t>(ref.t2r[static_cast<size_t>(t)])];
+          if (!clean) continue;
+          for (size_t x = static_cast<size_t>(t * 512); x < static_cast<size_t>((t + 1) * 512); ++x)
+            ASSERT_EQ(lat[x], ref.latent[x]) << w << ": latent of clean token " << t;
+          ++compared;
+        }
+        EXPECT_GT(compared, 0) << w << ": no clean token compared";
+      }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <vector>
 
 #include "dsv41kv/compressor.hpp"
@@ -171,6 +172,7 @@ TEST_F(PcpGpu, OpenRowPcpStepIsBitIdenticalToSingleRank) {
         }
       }
       std::vector<std::vector<float>> rings;
+      std::set<decltype(ref_latent)::key_type> latents_seen;
       pcp::LinkDeviceWorkspace ws(std::max<int64_t>(P * num_rows, 1));
       DeviceBuffer<int64_t> dall(all_keys.empty() ? std::vector<int64_t>{-1} : all_keys);
       DeviceBuffer<float> dprev(prev.empty() ? std::vector<float>(1024) : prev);
@@ -268,17 +270,21 @@ TEST_F(PcpGpu, OpenRowPcpStepIsBitIdenticalToSingleRank) {
         ASSERT_TRUE(bits_equal(lat, dl, "PCP latent cpu vs cuda"));
         ASSERT_TRUE(bits_equal(hring, dr, "PCP ring cpu vs cuda"));
         rings.push_back(dr);
-        // invariant 1: every latent written equals the single-rank one
+        // invariant 1: every latent written equals the single-rank one (and, below, every
+        // single-rank latent is written by some rank)
         for (int64_t t = 0; t < rb.num_tokens; ++t) {
           if (dl[static_cast<size_t>(t * 512)] == kBf16NaN && dl[static_cast<size_t>(t * 512 + 1)] == kBf16NaN) continue;
           const int32_t g = rb.local_to_global_req[static_cast<size_t>(t2r[static_cast<size_t>(t)])];
           const auto it = ref_latent.find({g, rb.positions[static_cast<size_t>(t)]});
           ASSERT_NE(it, ref_latent.end()) << "rank " << k << " token " << t << " has a latent the single-rank run has not";
+          latents_seen.insert(it->first);
           ASSERT_TRUE(std::equal(it->second.begin(), it->second.end(), dl.begin() + t * 512))
               << "P " << P << " rank " << k << " latent of request " << g << " position "
               << rb.positions[static_cast<size_t>(t)];
         }
       }
+      ASSERT_EQ(latents_seen.size(), ref_latent.size()) << "P " << P << ": single-rank latents no rank wrote";
+      ASSERT_GT(ref_latent.size(), 0u);
       // invariant 2: rings identical across ranks and to the open-row single-rank ring
       for (int k = 0; k < P; ++k) {
         ASSERT_TRUE(bits_equal(rings[0], rings[static_cast<size_t>(k)], "ring rank 0 vs rank " + std::to_string(k)));
