@@ -129,14 +129,53 @@ __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, 
   }
 }
 
+// How process_warp reads the warp's pooled row (offsets in floats):
+//  - PooledPtr: a generic pointer into shared memory (ratio 2: pool_warp wrote the row with plain
+//    stores, so the reads must stay ordinary loads that the compiler orders after them);
+//  - PooledSmem: a 32-bit shared address (ratio 1: only cp.async writes the ring, and cp.async,
+//    its wait and these loads are all volatile asm, which the compiler keeps in program order).
+//    The slot address stays one register; through a generic pointer into a runtime-selected slot
+//    nvcc rebuilt it from the CTA's shared window (S2R SR_CgaCtaId, LEA, IMADs) in every program.
+struct PooledPtr {
+  const float* p;
+  __device__ __forceinline__ float f32(unsigned off) const { return p[off]; }
+  __device__ __forceinline__ float2 f32x2(unsigned off) const {
+    return *reinterpret_cast<const float2*>(p + off);
+  }
+  __device__ __forceinline__ float4 f32x4(unsigned off) const { return ld4(p + off); }
+};
+struct PooledSmem {
+  uint32_t a;  // shared-window address of float 0
+  __device__ __forceinline__ float f32(unsigned off) const {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a + 4u * off));
+    return v;
+  }
+  __device__ __forceinline__ float2 f32x2(unsigned off) const {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a + 4u * off));
+    return v;
+  }
+  __device__ __forceinline__ float4 f32x4(unsigned off) const {
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a + 4u * off));
+    return v;
+  }
+};
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
 // RMS (normative order) -> latent -> latent_out / record of one program on one warp, from the
 // pooled row in the warp's scratch `pooled` (ratio 2: written by pool_warp; ratio 1: the kv row
 // itself, copied there by cp.async), padded layout. Every read of the scratch ends before a
 // __syncwarp, so the next program may overwrite it.
 // rc, rsn: the RoPE table entries (cos, sin) of pair `lane` of the insert (ipage >= 0).
-template <int F>
+template <int F, class Pooled>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
-                                             int64_t ir, float rc, float rsn, float* pooled, int lane,
+                                             int64_t ir, float rc, float rsn, Pooled pooled, int lane,
                                              const uint32_t (&wpk)[8], uint32_t wrope) {
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
   //   RMS          d = lane + 32*i    : lane + 36*i
@@ -145,14 +184,14 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   // format) with the table entries rc, rsn; its pooled values are read with the lane's other
   // reads of the scratch
   const unsigned ul = static_cast<unsigned>(lane);
-  const float* const pr = pooled + ul;
-  const float* const pwb = pooled + (16u * ul + 4u * (ul >> 1));
+  const unsigned pr = ul;                         // RMS reads
+  const unsigned pwb = 16u * ul + 4u * (ul >> 1);  // writer reads
   __syncwarp();
   // 3. RMS: lane l sums d = l, l+32, ..., l+480 ascending, then the shuffle-down tree
   float part = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float v = pr[36 * i];
+    const float v = pooled.f32(pr + 36u * i);
     part = num::fma_rn(v, v, part);
   }
 #pragma unroll
@@ -165,7 +204,7 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   float pw[16];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const float4 v = ld4(pwb + 4 * c);
+    const float4 v = pooled.f32x4(pwb + 4u * c);
     pw[4 * c] = v.x;
     pw[4 * c + 1] = v.y;
     pw[4 * c + 2] = v.z;
@@ -173,7 +212,7 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   }
   // pooled_index(448 + 2*lane) = 504 + 2*lane + 4*(lane/16) (8-byte aligned, conflict-free)
   float2 pr2 = make_float2(0.0f, 0.0f);
-  if constexpr (F != kNoRecord) pr2 = *reinterpret_cast<const float2*>(pooled + (504u + 2u * ul + 4u * (ul >> 4)));
+  if constexpr (F != kNoRecord) pr2 = pooled.f32x2(504u + 2u * ul + 4u * (ul >> 4));
   __syncwarp();  // every read of `pooled` done: the next program may overwrite it
   // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
   float f[16];
@@ -289,6 +328,12 @@ __device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_sr
   const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
+__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -298,6 +343,12 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) { *smem_dst = *gmem_src; }
 __device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
   *reinterpret_cast<float4*>(smem_dst) = *reinterpret_cast<const float4*>(gmem_src);
+}
+__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) {
+  *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
+}
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
+  *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
 }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
@@ -309,8 +360,23 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
                                                      float* pooled, int lane,
                                                      const uint32_t (&wb)[8], uint32_t wrope);
 
+// Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
+// per thread <= 65536 / (128 * blocks)). Ratio 1 v4/mxfp8/plain fit 7 blocks (72 registers, the
+// shared-memory limit too: 30 KiB per block) without spills. The nvfp4 writer's e2m1 decisions
+// need more: 94 registers without spills at 5 blocks (it took 127 at the old bound of 4, i.e.
+// 4 blocks); 6 blocks spill 4 bytes, 7 blocks 44. Overridable at build time for measurements.
+#ifndef DSV41KV_R1_MIN_BLOCKS
+#define DSV41KV_R1_MIN_BLOCKS 7
+#endif
+#ifndef DSV41KV_R1_NV_MIN_BLOCKS
+#define DSV41KV_R1_NV_MIN_BLOCKS 5
+#endif
+template <int R, int F>
+inline constexpr int kStreamMinBlocks =
+    R == 2 ? 3 : (F == kNv ? DSV41KV_R1_NV_MIN_BLOCKS : DSV41KV_R1_MIN_BLOCKS);
+
 template <int R, int F, int C>
-__global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
+__global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     compress_stream_kernel(const CompressParams p) {
   static_assert(C <= 32);
   // RoPE table entries of the inserts, copied kRopeAhead programs ahead (cp.async): the table
@@ -388,32 +454,47 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
 
   const int nn = static_cast<int>(n);
   if constexpr (R == 1) {
-    // Rows and RoPE entries of program j copied (cp.async) into slot j % (ahead + 1), kRowsAhead
-    // programs ahead: 6 KiB per warp in flight without holding registers. The row lands in the
-    // padded load layout (dim d at pooled_index(d)), which is what process_warp reads.
-    float(*const rows)[kPooledFloats] = smem_rows<R>(warp);
-    auto copy = [&](int j) {
+    // Rows and RoPE entries of program j copied (cp.async) into ring slot j % (ahead + 1),
+    // kRowsAhead programs ahead: 6 KiB per warp in flight without holding registers. The row
+    // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
+    // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
+    // addresses computed once (PooledSmem).
+    constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
+    constexpr int kSlots = kRowsAhead + 1;
+    const unsigned ul = static_cast<unsigned>(lane);
+    const uint32_t rows_sa = smem_address(smem_rows<R>(warp)[0]);
+    const uint32_t rope_sa = smem_address(rs_slot[0]);
+    const uint32_t row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
+    auto copy = [&](int j, int slot) {
       const int64_t tj = shfl64(role_t, j);
       if (tj >= 0) {
         const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
-        float* dst = rows[j % (kRowsAhead + 1)] + (4 * lane + 4 * (lane >> 3));
+        const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) cp_async16(dst + 144 * k, src + 128 * k);
+        for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
       }
-      rope_issue(j, j % (kRowsAhead + 1));
+      if constexpr (F != kNoRecord) {
+        const float* trow = shflptr(role_trow, j);
+        if (trow != nullptr) {
+          const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
+          cp_async4_sa(dst, trow + lane);
+          cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane);
+        }
+      }
       cp_async_commit();
     };
     // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
     // of iteration i (all but the newest kRowsAhead groups) covers program i's group
 #pragma unroll
     for (int j = 0; j < kRowsAhead; ++j) {
-      if (j < nn) copy(j);
+      if (j < nn) copy(j, j);
       else cp_async_commit();
     }
+    int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
     for (int i = 0; i < nn; ++i) {
-      // slot (i + ahead) % (ahead + 1) is program i-1's: every read of it ended before the
-      // __syncwarp that closes process_warp
-      if (i + kRowsAhead < nn) copy(i + kRowsAhead);
+      // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
+      // process_warp
+      if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
       else cp_async_commit();
       cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
       __syncwarp();                  // ... and every lane's, visible to the warp
@@ -423,13 +504,16 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
       float rc = 0.0f, rsn = 0.0f;
       if constexpr (F != kNoRecord) {
         if (pg >= 0) {
-          const float* src = rs_slot[i % (kRowsAhead + 1)];
-          rc = src[lane];
-          rsn = src[kRopeDim / 2 + lane];
+          const PooledSmem rope{rope_sa + static_cast<uint32_t>(s_use) * kRopeBytes};
+          rc = rope.f32(ul);
+          rsn = rope.f32(kRopeDim / 2 + ul);
         }
       }
       if (t >= 0)
-        process_warp<F>(p, t, pg, ir, rc, rsn, rows[i % (kRowsAhead + 1)], lane, wb, wrope);
+        process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + static_cast<uint32_t>(s_use) * kRowBytes},
+                        lane, wb, wrope);
+      s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
+      s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
     }
     return;
   }
@@ -468,7 +552,7 @@ __global__ void __launch_bounds__(128, R == 2 ? 3 : 4)
     }
     if (t >= 0) {
       pool_warp(p, A, t_next, pooled, lane);
-      process_warp<F>(p, t, pg, ir, rc, rsn, pooled, lane, wb, wrope);
+      process_warp<F>(p, t, pg, ir, rc, rsn, PooledPtr{pooled}, lane, wb, wrope);
     } else if (t_next >= 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) load_group(p, t_next, lane, k, A);
@@ -518,7 +602,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
       rsn = trow[kRopeDim / 2 + lane];
     }
     pool_warp(p, A, -1, pooled, lane);
-    process_warp<F>(p, t, ipage, ir, rc, rsn, pooled, lane, wb, wrope);
+    process_warp<F>(p, t, ipage, ir, rc, rsn, PooledPtr{pooled}, lane, wb, wrope);
   }
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,

@@ -301,6 +301,13 @@ TEST(Ue8m0, FloorAndExponentRange) {
     const float a = std::ldexp(448.0f, k);
     EXPECT_EQ(num::ue8m0_exponent(a), ref::ceil_log2(ref::mul(a, 1.0f / 448.0f))) << k;
   }
+  // every finite amax (a stride through all bit patterns, every binade, + the largest): the
+  // normal-only exponent of ue8m0_exponent equals the general ceil_log2 of the same product
+  for (uint64_t u = 0; u <= 0x7F7FFFFFu; u += 1021) {
+    const float a = from_bits(static_cast<uint32_t>(u));
+    ASSERT_EQ(num::ue8m0_exponent(a), num::ceil_log2(num::mul_rn(std::max(a, 1e-4f), 1.0f / 448.0f))) << hex(static_cast<uint32_t>(u));
+  }
+  EXPECT_EQ(num::ue8m0_exponent(from_bits(0x7F7FFFFFu)), ref::ceil_log2(ref::mul(from_bits(0x7F7FFFFFu), 1.0f / 448.0f)));
   EXPECT_EQ(num::ue8m0_scale(127), 1.0f);
   EXPECT_EQ(num::ue8m0_scale(105), std::ldexp(1.0f, -22));
   EXPECT_EQ(num::ue8m0_scale(0), std::ldexp(1.0f, -127));
