@@ -5,8 +5,8 @@
 //   ratio 1: program t < N;  ratio 2: request programs j < num_reqs, then pair programs
 //   k < ceil(N / 2) over the flat token array.
 // A program runs on a group of G warps (G = 1: one warp, 4 warps per 128-thread block, each warp
-// a chunk of kChunk consecutive programs, for large grids; G = 4: one 128-thread block per
-// program, for small grids such as decode).
+// an even share of consecutive programs in chunks of kChunk, for large grids; G = 4: one
+// 128-thread block per program, for small grids such as decode).
 //
 // Per program (token t that closes a group, predecessor row a, current row b = kv_score[t]):
 //  1. load layout: thread gt loads dims d = 4*gt + 128*G*k (k < 4/G) of a.kv, a.score, b.kv,
@@ -26,6 +26,9 @@
 // qsl, a slot >= capacity or < 0, a token_to_req outside [0, num_reqs), a negative position, a
 // RoPE row beyond the table: the program (or its insert half) writes nothing.
 #pragma once
+
+#include <algorithm>
+#include <atomic>
 
 #include "compressor/cuda_kernels.hpp"
 #include "compressor/cuda_tuning.hpp"
@@ -59,8 +62,10 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
 //
 // compress_stream_kernel<R, F, C>: 4 warps per 128-thread block, each warp owns
 //   ratio 2: warps w < num_reqs: request program w (one program, generic loads, tail store);
-//            the other warps: a chunk of C consecutive pair programs;
-//   ratio 1: a chunk of C consecutive token programs.
+//            the other warps: an even share of the pair programs (consecutive);
+//   ratio 1: an even share of the token programs (consecutive);
+//   each share processed in chunks of at most C programs, on a grid no larger than the GPU holds
+//   at once (launch_compress_stream).
 // A chunk starts with one round of metadata: lane j resolves program j of the chunk (token,
 // insert slot, RoPE row), in parallel over the lanes; the program loop then broadcasts the role
 // with shuffles. Ratio 2 issues the 16-byte row loads of program i+1 while pooling program i
@@ -401,164 +406,172 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   if constexpr (F != kNoRecord)
     wrope = *reinterpret_cast<const uint32_t*>(p.norm_w + kNopeDim + 2 * lane);
 
-  int64_t first;       // first program of the chunk
-  int64_t n;           // programs in the chunk
-  if constexpr (R == 2) {
-    if (w < p.num_reqs) {
-      request_program_warp<R, F>(p, w, smem_pooled<R>(warp), lane, wb, wrope);
-      return;
-    }
-    const int64_t pairs = (p.N + 1) / 2;
-    const int64_t k0 = (w - p.num_reqs) * C;
-    if (k0 >= pairs) return;
-    first = p.num_reqs + k0;
-    n = pairs - k0 < C ? pairs - k0 : C;
-  } else {
-    const int64_t k0 = w * C;
-    if (k0 >= p.N) return;
-    first = k0;
-    n = p.N - k0 < C ? p.N - k0 : C;
-  }
-
-  // metadata of the whole chunk, one program per lane
-  int64_t role_t = -1, role_slot = -1, role_row = 0;
-  if (lane < n) resolve_role<R, F>(p, first + lane, role_t, role_slot, role_row);
-  // the insert slot as (page, row in page), also resolved in parallel over the lanes
-  int64_t role_page = -1, role_r = 0;
-  if (role_slot >= 0) divmod_fast(role_slot, p.cache.S_div, role_page, role_r);
-  // the RoPE table row of the program's insert (null: no insert)
-  const float* role_trow = nullptr;
-  if constexpr (F != kNoRecord) {
-    if (role_page >= 0) role_trow = p.table + role_row * kRopeDim;
-  }
-  float(*const rs_slot)[kRopeDim] = rope_sm[warp];
-  // issues the copies of program j's entries (lane: cos and sin of pair `lane`) into rope slot
-  // `slot` (nothing when the program has no insert)
-  auto rope_issue = [&](int j, int slot) {
-    if constexpr (F != kNoRecord) {
-      const float* trow = shflptr(role_trow, j);
-      if (trow != nullptr) {
-        float* dst = rs_slot[slot];
-        cp_async4(dst + lane, trow + lane);
-        cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
+  // This warp's programs [lo, hi): the token (ratio 2: pair) programs split evenly over the
+  // grid's warps (ratio 2: those after the num_reqs request-program warps), processed in chunks
+  // of at most C. The host caps the grid at the blocks that fit the GPU at once, so every warp
+  // runs from the start and they all finish together; a grid of one C-chunk per warp left the
+  // last of its ~2.2 waves (256K tokens, ratio 1) a fifth full (launch_compress_stream).
+  int64_t lo, hi;
+  {
+    const int64_t W = static_cast<int64_t>(gridDim.x) * 4;
+    if constexpr (R == 2) {
+      if (w < p.num_reqs) {
+        request_program_warp<R, F>(p, w, smem_pooled<R>(warp), lane, wb, wrope);
+        return;
       }
+      const int64_t pairs = (p.N + 1) / 2;
+      const int64_t Wp = W - p.num_reqs;  // >= 1 whenever pairs > 0 (launch_compress_stream)
+      const int64_t k = w - p.num_reqs;
+      lo = p.num_reqs + k * pairs / Wp;
+      hi = p.num_reqs + (k + 1) * pairs / Wp;
+    } else {
+      lo = w * p.N / W;
+      hi = (w + 1) * p.N / W;
     }
-  };
-  // ratio 2: one commit group per program, empty when it has no insert (uniform group counting)
-  auto rope_copy = [&](int j) {
-    if constexpr (F != kNoRecord) {
-      rope_issue(j, j % (kRopeAhead + 1));
-      cp_async_commit();
-    }
-  };
+  }
+  for (int64_t first = lo; first < hi; first += C) {
+    const int64_t n = hi - first < C ? hi - first : C;  // programs in the chunk
 
-  const int nn = static_cast<int>(n);
-  if constexpr (R == 1) {
-    // Rows and RoPE entries of program j copied (cp.async) into ring slot j % (ahead + 1),
-    // kRowsAhead programs ahead: 6 KiB per warp in flight without holding registers. The row
-    // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
-    // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
-    // addresses computed once (PooledSmem).
-    constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
-    constexpr int kSlots = kRowsAhead + 1;
-    const unsigned ul = static_cast<unsigned>(lane);
-    const uint32_t rows_sa = smem_address(smem_rows<R>(warp)[0]);
-    const uint32_t rope_sa = smem_address(rs_slot[0]);
-    const uint32_t row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
-    auto copy = [&](int j, int slot) {
-      const int64_t tj = shfl64(role_t, j);
-      if (tj >= 0) {
-        const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
-        const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
-      }
+    // metadata of the whole chunk, one program per lane
+    int64_t role_t = -1, role_slot = -1, role_row = 0;
+    if (lane < n) resolve_role<R, F>(p, first + lane, role_t, role_slot, role_row);
+    // the insert slot as (page, row in page), also resolved in parallel over the lanes
+    int64_t role_page = -1, role_r = 0;
+    if (role_slot >= 0) divmod_fast(role_slot, p.cache.S_div, role_page, role_r);
+    // the RoPE table row of the program's insert (null: no insert)
+    const float* role_trow = nullptr;
+    if constexpr (F != kNoRecord) {
+      if (role_page >= 0) role_trow = p.table + role_row * kRopeDim;
+    }
+    float(*const rs_slot)[kRopeDim] = rope_sm[warp];
+    // issues the copies of program j's entries (lane: cos and sin of pair `lane`) into rope slot
+    // `slot` (nothing when the program has no insert)
+    auto rope_issue = [&](int j, int slot) {
       if constexpr (F != kNoRecord) {
         const float* trow = shflptr(role_trow, j);
         if (trow != nullptr) {
-          const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
-          cp_async4_sa(dst, trow + lane);
-          cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane);
+          float* dst = rs_slot[slot];
+          cp_async4(dst + lane, trow + lane);
+          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
         }
       }
-      cp_async_commit();
     };
-    // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
-    // of iteration i (all but the newest kRowsAhead groups) covers program i's group
-#pragma unroll
-    for (int j = 0; j < kRowsAhead; ++j) {
-      if (j < nn) copy(j, j);
-      else cp_async_commit();
+    // ratio 2: one commit group per program, empty when it has no insert (uniform group counting)
+    auto rope_copy = [&](int j) {
+      if constexpr (F != kNoRecord) {
+        rope_issue(j, j % (kRopeAhead + 1));
+        cp_async_commit();
+      }
+    };
+
+    const int nn = static_cast<int>(n);
+    if constexpr (R == 1) {
+      // Rows and RoPE entries of program j copied (cp.async) into ring slot j % (ahead + 1),
+      // kRowsAhead programs ahead: 6 KiB per warp in flight without holding registers. The row
+      // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
+      // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
+      // addresses computed once (PooledSmem).
+      constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
+      constexpr int kSlots = kRowsAhead + 1;
+      const unsigned ul = static_cast<unsigned>(lane);
+      const uint32_t rows_sa = smem_address(smem_rows<R>(warp)[0]);
+      const uint32_t rope_sa = smem_address(rs_slot[0]);
+      const uint32_t row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
+      auto copy = [&](int j, int slot) {
+        const int64_t tj = shfl64(role_t, j);
+        if (tj >= 0) {
+          const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
+          const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
+  #pragma unroll
+          for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+        }
+        if constexpr (F != kNoRecord) {
+          const float* trow = shflptr(role_trow, j);
+          if (trow != nullptr) {
+            const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
+            cp_async4_sa(dst, trow + lane);
+            cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane);
+          }
+        }
+        cp_async_commit();
+      };
+      // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
+      // of iteration i (all but the newest kRowsAhead groups) covers program i's group
+  #pragma unroll
+      for (int j = 0; j < kRowsAhead; ++j) {
+        if (j < nn) copy(j, j);
+        else cp_async_commit();
+      }
+      int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
+      for (int i = 0; i < nn; ++i) {
+        // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
+        // process_warp
+        if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
+        else cp_async_commit();
+        cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
+        __syncwarp();                  // ... and every lane's, visible to the warp
+        const int64_t t = shfl64(role_t, i);
+        const int64_t pg = shfl64(role_page, i);
+        const int64_t ir = shfl64(role_r, i);
+        float rc = 0.0f, rsn = 0.0f;
+        if constexpr (F != kNoRecord) {
+          if (pg >= 0) {
+            const PooledSmem rope{rope_sa + static_cast<uint32_t>(s_use) * kRopeBytes};
+            rc = rope.f32(ul);
+            rsn = rope.f32(kRopeDim / 2 + ul);
+          }
+        }
+        if (t >= 0)
+          process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + static_cast<uint32_t>(s_use) * kRowBytes},
+                          lane, wb, wrope);
+        s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
+        s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
+      }
+      continue;  // the next chunk (every slot read above ended before its __syncwarp)
     }
-    int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
+    float* const pooled = smem_pooled<R>(warp);
+    PairRows A;
+    int64_t t = shfl64(role_t, 0);
+    if (t >= 0) {
+  #pragma unroll
+      for (int k = 0; k < 4; ++k) load_group(p, t, lane, k, A);
+    }
+    if constexpr (F != kNoRecord) {
+      // exactly kRopeAhead groups before the loop (empty ones past the chunk), so that the wait
+      // of iteration i (all but the newest kRopeAhead groups) covers program i's group
+  #pragma unroll
+      for (int j = 0; j < kRopeAhead; ++j) {
+        if (j < nn) rope_copy(j);
+        else cp_async_commit();
+      }
+    }
     for (int i = 0; i < nn; ++i) {
-      // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
-      // process_warp
-      if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
-      else cp_async_commit();
-      cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
-      __syncwarp();                  // ... and every lane's, visible to the warp
-      const int64_t t = shfl64(role_t, i);
+      const int64_t tn = shfl64(role_t, i + 1 < nn ? i + 1 : 0);
+      const int64_t t_next = i + 1 < nn ? tn : -1;
       const int64_t pg = shfl64(role_page, i);
       const int64_t ir = shfl64(role_r, i);
       float rc = 0.0f, rsn = 0.0f;
       if constexpr (F != kNoRecord) {
+        // program i's copies were issued kRopeAhead programs ago; issue program i + ahead's
+        if (i + kRopeAhead < nn) rope_copy(i + kRopeAhead);
+        else cp_async_commit();
+        cp_async_wait<kRopeAhead>();  // this lane's copies of program i have landed
         if (pg >= 0) {
-          const PooledSmem rope{rope_sa + static_cast<uint32_t>(s_use) * kRopeBytes};
-          rc = rope.f32(ul);
-          rsn = rope.f32(kRopeDim / 2 + ul);
+          const float* src = rs_slot[i % (kRopeAhead + 1)];
+          rc = src[lane];
+          rsn = src[kRopeDim / 2 + lane];
         }
       }
-      if (t >= 0)
-        process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + static_cast<uint32_t>(s_use) * kRowBytes},
-                        lane, wb, wrope);
-      s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
-      s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
-    }
-    return;
-  }
-  float* const pooled = smem_pooled<R>(warp);
-  PairRows A;
-  int64_t t = shfl64(role_t, 0);
-  if (t >= 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) load_group(p, t, lane, k, A);
-  }
-  if constexpr (F != kNoRecord) {
-    // exactly kRopeAhead groups before the loop (empty ones past the chunk), so that the wait
-    // of iteration i (all but the newest kRopeAhead groups) covers program i's group
-#pragma unroll
-    for (int j = 0; j < kRopeAhead; ++j) {
-      if (j < nn) rope_copy(j);
-      else cp_async_commit();
-    }
-  }
-  for (int i = 0; i < nn; ++i) {
-    const int64_t tn = shfl64(role_t, i + 1 < nn ? i + 1 : 0);
-    const int64_t t_next = i + 1 < nn ? tn : -1;
-    const int64_t pg = shfl64(role_page, i);
-    const int64_t ir = shfl64(role_r, i);
-    float rc = 0.0f, rsn = 0.0f;
-    if constexpr (F != kNoRecord) {
-      // program i's copies were issued kRopeAhead programs ago; issue program i + ahead's
-      if (i + kRopeAhead < nn) rope_copy(i + kRopeAhead);
-      else cp_async_commit();
-      cp_async_wait<kRopeAhead>();  // this lane's copies of program i have landed
-      if (pg >= 0) {
-        const float* src = rs_slot[i % (kRopeAhead + 1)];
-        rc = src[lane];
-        rsn = src[kRopeDim / 2 + lane];
+      if (t >= 0) {
+        pool_warp(p, A, t_next, pooled, lane);
+        process_warp<F>(p, t, pg, ir, rc, rsn, PooledPtr{pooled}, lane, wb, wrope);
+      } else if (t_next >= 0) {
+  #pragma unroll
+        for (int k = 0; k < 4; ++k) load_group(p, t_next, lane, k, A);
       }
+      t = t_next;
     }
-    if (t >= 0) {
-      pool_warp(p, A, t_next, pooled, lane);
-      process_warp<F>(p, t, pg, ir, rc, rsn, PooledPtr{pooled}, lane, wb, wrope);
-    } else if (t_next >= 0) {
-#pragma unroll
-      for (int k = 0; k < 4; ++k) load_group(p, t_next, lane, k, A);
-    }
-    t = t_next;
-  }
+  }  // chunks
 }
 
 // A ratio-2 request program on one warp (SPEC 4.4 request program + 4.5 tail store).
@@ -862,13 +875,39 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 template <int R>
 inline constexpr int kChunk = R == 2 ? 16 : 32;
 
+// Blocks of `kernel` (128 threads) that the current device runs at once: SMs x resident blocks
+// per SM, queried once per device and cached (host-only queries, legal during stream capture).
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel) {
+  static std::atomic<int64_t> cache[64] = {};
+  int dev = 0;
+  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) dev = 63;
+  int64_t v = cache[dev].load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  int per_sm = 0, sms = 0;
+  DSV41KV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
+  DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  v = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+  cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
 template <int R, int F>
 void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
   constexpr int C = kChunk<R>;
-  const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
-  const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
+  // Token (ratio 2: pair) programs per warp: at least kMinProgramsPerWarp (the metadata round
+  // and the prefetch prologue of a chunk are amortised over them) and as many warps as fit the
+  // GPU at once, so a 32K prefill fills every SM instead of one C-chunk per warp on a fifth of
+  // the slots; the kernel splits the programs evenly over the warps it gets. Ratio 2 keeps at
+  // least one pair warp after the request-program warps.
+  constexpr int64_t kMinProgramsPerWarp = 8;
+  const int64_t programs = R == 2 ? (p.N + 1) / 2 : p.N;
+  const int64_t warps = (R == 2 ? p.num_reqs : 0) + (programs + kMinProgramsPerWarp - 1) / kMinProgramsPerWarp;
   if (warps <= 0) return;
-  const int64_t blocks = (warps + 3) / 4;
+  const int64_t fit = resident_blocks(compress_stream_kernel<R, F, C>);
+  const int64_t need = R == 2 ? p.num_reqs + (programs > 0 ? 1 : 0) : 1;  // warps that must exist
+  const int64_t blocks = std::max<int64_t>((need + 3) / 4, std::min<int64_t>((warps + 3) / 4, fit));
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
                 pdl, p);
 }

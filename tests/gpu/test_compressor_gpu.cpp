@@ -484,6 +484,7 @@ TEST_F(CompressorGpu, OutOfRangeDeviceValuesAreSkipped) {
           const int kind = static_cast<int>(t % 29);
           if (kind > 4) continue;
           const size_t req = req_of(t);
+          if (ratio == 2 && req % 2 == 1) continue;  // odd requests stay clean (compared below)
           if (kind == 0) b.cache_slots[static_cast<size_t>(t)] = cache_cap + 1 + t;
           if (kind == 1) b.pos[static_cast<size_t>(t)] = -1 - t;
           if (ratio == 2 && kind == 2) b.ring_slots[static_cast<size_t>(t)] = ring_cap + 5;
@@ -530,7 +531,8 @@ TEST_F(CompressorGpu, OutOfRangeDeviceValuesAreSkipped) {
         // 2. the clean requests' latents are the CPU's (ratio 1: every token is its own program)
         int64_t compared = 0;
         for (int64_t t = 0; t < b.A; ++t) {
-          const bool clean = ratio == 1 ? (t % 29 > 1) : !dirty[static_cast<size_t>(ref.t2r[static_cast<size_t>(t)])];
+          const bool clean =
+              ratio == 1 ? (t % 29 > 1) : !dirty[static_cast<size_t>(ref.t2r[static_cast<size_t>(t)])];
           if (!clean) continue;
           for (size_t x = static_cast<size_t>(t * 512); x < static_cast<size_t>((t + 1) * 512); ++x)
             ASSERT_EQ(lat[x], ref.latent[x]) << w << ": latent of clean token " << t;
