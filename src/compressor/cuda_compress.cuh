@@ -5,8 +5,8 @@
 //   ratio 1: program t < N;  ratio 2: request programs j < num_reqs, then pair programs
 //   k < ceil(N / 2) over the flat token array.
 // A program runs on a group of G warps (G = 1: one warp, 4 warps per 128-thread block, each warp
-// an even share of consecutive programs in chunks of kChunk, for large grids; G = 4: one
-// 128-thread block per program, for small grids such as decode).
+// chunks of kChunk consecutive programs, for large grids; G = 4: one 128-thread block per
+// program, for small grids such as decode).
 //
 // Per program (token t that closes a group, predecessor row a, current row b = kv_score[t]):
 //  1. load layout: thread gt loads dims d = 4*gt + 128*G*k (k < 4/G) of a.kv, a.score, b.kv,
@@ -62,10 +62,10 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
 //
 // compress_stream_kernel<R, F, C>: 4 warps per 128-thread block, each warp owns
 //   ratio 2: warps w < num_reqs: request program w (one program, generic loads, tail store);
-//            the other warps: an even share of the pair programs (consecutive);
-//   ratio 1: an even share of the token programs (consecutive);
-//   each share processed in chunks of at most C programs, on a grid no larger than the GPU holds
-//   at once (launch_compress_stream).
+//            the other warps: a chunk of C consecutive pair programs;
+//   ratio 1: an even share of the token programs (consecutive): one chunk of at most C programs
+//            on a grid of one chunk per warp, several chunks on a small grid widened to fill
+//            the GPU (launch_compress_stream).
 // A chunk starts with one round of metadata: lane j resolves program j of the chunk (token,
 // insert slot, RoPE row), in parallel over the lanes; the program loop then broadcasts the role
 // with shuffles. Ratio 2 issues the 16-byte row loads of program i+1 while pooling program i
@@ -406,28 +406,26 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   if constexpr (F != kNoRecord)
     wrope = *reinterpret_cast<const uint32_t*>(p.norm_w + kNopeDim + 2 * lane);
 
-  // This warp's programs [lo, hi): the token (ratio 2: pair) programs split evenly over the
-  // grid's warps (ratio 2: those after the num_reqs request-program warps), processed in chunks
-  // of at most C. The host caps the grid at the blocks that fit the GPU at once, so every warp
-  // runs from the start and they all finish together; a grid of one C-chunk per warp left the
-  // last of its ~2.2 waves (256K tokens, ratio 1) a fifth full (launch_compress_stream).
+  // This warp's programs [lo, hi), processed in chunks of at most C:
+  //   ratio 2: the request program w (w < num_reqs), else pair chunk w - num_reqs;
+  //   ratio 1: an even share of the N token programs over the grid's warps: one chunk each on a
+  //   grid of one chunk per warp, several when launch_compress_stream spread a small prefill
+  //   over every slot of the GPU.
   int64_t lo, hi;
-  {
-    const int64_t W = static_cast<int64_t>(gridDim.x) * 4;
-    if constexpr (R == 2) {
-      if (w < p.num_reqs) {
-        request_program_warp<R, F>(p, w, smem_pooled<R>(warp), lane, wb, wrope);
-        return;
-      }
-      const int64_t pairs = (p.N + 1) / 2;
-      const int64_t Wp = W - p.num_reqs;  // >= 1 whenever pairs > 0 (launch_compress_stream)
-      const int64_t k = w - p.num_reqs;
-      lo = p.num_reqs + k * pairs / Wp;
-      hi = p.num_reqs + (k + 1) * pairs / Wp;
-    } else {
-      lo = w * p.N / W;
-      hi = (w + 1) * p.N / W;
+  if constexpr (R == 2) {
+    if (w < p.num_reqs) {
+      request_program_warp<R, F>(p, w, smem_pooled<R>(warp), lane, wb, wrope);
+      return;
     }
+    const int64_t pairs = (p.N + 1) / 2;
+    const int64_t k0 = (w - p.num_reqs) * C;
+    if (k0 >= pairs) return;
+    lo = p.num_reqs + k0;
+    hi = p.num_reqs + (pairs - k0 < C ? pairs : k0 + C);
+  } else {
+    const int64_t W = static_cast<int64_t>(gridDim.x) * 4;
+    lo = w * p.N / W;
+    hi = (w + 1) * p.N / W;
   }
   for (int64_t first = lo; first < hi; first += C) {
     const int64_t n = hi - first < C ? hi - first : C;  // programs in the chunk
@@ -871,9 +869,13 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   if (t < 0) tail_store();  // (with a program, the store followed its pool)
 }
 
-// Programs per warp of the streaming kernel.
+// Programs per chunk of the streaming kernel (ratio 1: overridable at build time for
+// measurements, at most 32: one lane resolves each program's metadata).
+#ifndef DSV41KV_R1_CHUNK
+#define DSV41KV_R1_CHUNK 32
+#endif
 template <int R>
-inline constexpr int kChunk = R == 2 ? 16 : 32;
+inline constexpr int kChunk = R == 2 ? 16 : DSV41KV_R1_CHUNK;
 
 // Blocks of `kernel` (128 threads) that the current device runs at once: SMs x resident blocks
 // per SM, queried once per device and cached (host-only queries, legal during stream capture).
@@ -896,18 +898,23 @@ int64_t resident_blocks(Kernel kernel) {
 template <int R, int F>
 void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
   constexpr int C = kChunk<R>;
-  // Token (ratio 2: pair) programs per warp: at least kMinProgramsPerWarp (the metadata round
-  // and the prefetch prologue of a chunk are amortised over them) and as many warps as fit the
-  // GPU at once, so a 32K prefill fills every SM instead of one C-chunk per warp on a fifth of
-  // the slots; the kernel splits the programs evenly over the warps it gets. Ratio 2 keeps at
-  // least one pair warp after the request-program warps.
-  constexpr int64_t kMinProgramsPerWarp = 8;
-  const int64_t programs = R == 2 ? (p.N + 1) / 2 : p.N;
-  const int64_t warps = (R == 2 ? p.num_reqs : 0) + (programs + kMinProgramsPerWarp - 1) / kMinProgramsPerWarp;
+  const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
+  const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
   if (warps <= 0) return;
-  const int64_t fit = resident_blocks(compress_stream_kernel<R, F, C>);
-  const int64_t need = R == 2 ? p.num_reqs + (programs > 0 ? 1 : 0) : 1;  // warps that must exist
-  const int64_t blocks = std::max<int64_t>((need + 3) / 4, std::min<int64_t>((warps + 3) / 4, fit));
+  int64_t blocks = (warps + 3) / 4;  // one chunk per warp
+  if constexpr (R == 1) {
+    // A grid of one chunk per warp that leaves slots of the GPU empty (32K tokens: 256 blocks
+    // where 924 fit) is widened up to what fits, down to kMinProgramsPerWarp programs per warp
+    // (the kernel splits the tokens evenly): 41 -> 36 us at 32K. Larger grids keep one chunk per
+    // warp: spreading 256K tokens evenly over the resident warps instead (each warp a long
+    // contiguous stretch) was slower for both ratios (200 -> 206 us ratio 1, 295 -> 322 us ratio
+    // 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same time
+    // on neighbouring rows.
+    constexpr int64_t kMinProgramsPerWarp = 8;
+    const int64_t fit = resident_blocks(compress_stream_kernel<R, F, C>);
+    const int64_t wide = (((p.N + kMinProgramsPerWarp - 1) / kMinProgramsPerWarp) + 3) / 4;
+    blocks = std::max(blocks, std::min(wide, fit));
+  }
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
                 pdl, p);
 }

@@ -50,7 +50,7 @@ inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
   return ratio == 1 ? N : num_reqs + (N + 1) / 2;
 }
 // Up to this many programs a program runs on a 128-thread block (4 warps share one token:
-// shorter latency for decode); above it on one warp (each warp an even share, in chunks of kChunk).
+// shorter latency for decode); above it on one warp (chunks of kChunk programs per warp).
 inline constexpr int64_t kSmallGridPrograms = 1024;
 
 // F = kNoRecord (compress only) or a RecordFormat value (fused compress + insert).

@@ -39,6 +39,7 @@ struct RankRun {
 class PcpGpu : public GpuTest {};
 
 TEST_F(PcpGpu, OpenRowPcpStepIsBitIdenticalToSingleRank) {
+  size_t latents_checked = 0;  // over all draws (a draw may close no group)
   for (int P : {2, 3, 4, 8})
     for (int iter = 0; iter < 3; ++iter) {
       // ---- a global step: decodes first, then continued and fresh prefills
@@ -284,7 +285,7 @@ TEST_F(PcpGpu, OpenRowPcpStepIsBitIdenticalToSingleRank) {
         }
       }
       ASSERT_EQ(latents_seen.size(), ref_latent.size()) << "P " << P << ": single-rank latents no rank wrote";
-      ASSERT_GT(ref_latent.size(), 0u);
+      latents_checked += ref_latent.size();
       // invariant 2: rings identical across ranks and to the open-row single-rank ring
       for (int k = 0; k < P; ++k) {
         ASSERT_TRUE(bits_equal(rings[0], rings[static_cast<size_t>(k)], "ring rank 0 vs rank " + std::to_string(k)));
@@ -301,6 +302,7 @@ TEST_F(PcpGpu, OpenRowPcpStepIsBitIdenticalToSingleRank) {
             << "newest open row of request " << g;
       }
     }
+  EXPECT_GT(latents_checked, 0u) << "no draw produced a latent: invariant 1 compared nothing";
 }
 
 }  // namespace
