@@ -869,13 +869,18 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   if (t < 0) tail_store();  // (with a program, the store followed its pool)
 }
 
-// Programs per chunk of the streaming kernel (ratio 1: overridable at build time for
-// measurements, at most 32: one lane resolves each program's metadata).
+// Programs per chunk of the streaming kernel (overridable at build time for measurements; at
+// most 32: one lane resolves each program's metadata). Ratio 1: 16 rather than 32 took 256K
+// from 200-203 to 194-195 us (v4) in the same run: the warps that run at the same time work on
+// nearer rows (docs/perf-notes.md v13).
 #ifndef DSV41KV_R1_CHUNK
-#define DSV41KV_R1_CHUNK 32
+#define DSV41KV_R1_CHUNK 16
+#endif
+#ifndef DSV41KV_R2_CHUNK
+#define DSV41KV_R2_CHUNK 16
 #endif
 template <int R>
-inline constexpr int kChunk = R == 2 ? 16 : DSV41KV_R1_CHUNK;
+inline constexpr int kChunk = R == 2 ? DSV41KV_R2_CHUNK : DSV41KV_R1_CHUNK;
 
 // Blocks of `kernel` (128 threads) that the current device runs at once: SMs x resident blocks
 // per SM, queried once per device and cached (host-only queries, legal during stream capture).
