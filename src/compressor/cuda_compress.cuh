@@ -872,12 +872,13 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 // Programs per chunk of the streaming kernel (overridable at build time for measurements; at
 // most 32: one lane resolves each program's metadata). Ratio 1: 16 rather than 32 took 256K
 // from 200-203 to 194-195 us (v4) in the same run: the warps that run at the same time work on
-// nearer rows (docs/perf-notes.md v13).
+// nearer rows (docs/perf-notes.md v13). Ratio 2: 8 pairs rather than 16 took 256K nvfp4 from
+// 301-304 to 290-291 us (v4 297-299 -> 295-296) in the same run.
 #ifndef DSV41KV_R1_CHUNK
 #define DSV41KV_R1_CHUNK 16
 #endif
 #ifndef DSV41KV_R2_CHUNK
-#define DSV41KV_R2_CHUNK 16
+#define DSV41KV_R2_CHUNK 8
 #endif
 template <int R>
 inline constexpr int kChunk = R == 2 ? DSV41KV_R2_CHUNK : DSV41KV_R1_CHUNK;
