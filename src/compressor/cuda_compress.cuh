@@ -869,19 +869,16 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   if (t < 0) tail_store();  // (with a program, the store followed its pool)
 }
 
-// Programs per chunk of the streaming kernel (overridable at build time for measurements; at
-// most 32: one lane resolves each program's metadata). Ratio 1: 16 rather than 32 took 256K
-// from 200-203 to 194-195 us (v4) in the same run: the warps that run at the same time work on
-// nearer rows (docs/perf-notes.md v13). Ratio 2: 8 pairs rather than 16 took 256K nvfp4 from
-// 301-304 to 290-291 us (v4 297-299 -> 295-296) in the same run.
+// Programs per chunk of the streaming kernel (at most 32: one lane resolves each program's
+// metadata). Ratio 1: 16 rather than 32 took 256K from 200-203 to 194-195 us (v4) in the same
+// run: the warps that run at the same time work on nearer rows (docs/perf-notes.md v13).
+// Ratio 2 has two: 8 pairs for grids of many waves (256K nvfp4 301-304 -> 290-291 us, v4
+// 297-299 -> 295-296 in the same run), 16 for smaller ones (32K: 47 us with 16, 54 with 8,
+// whose 512 blocks make 1.3 waves of 396 resident blocks where 16 makes one partial wave).
 #ifndef DSV41KV_R1_CHUNK
 #define DSV41KV_R1_CHUNK 16
 #endif
-#ifndef DSV41KV_R2_CHUNK
-#define DSV41KV_R2_CHUNK 8
-#endif
-template <int R>
-inline constexpr int kChunk = R == 2 ? DSV41KV_R2_CHUNK : DSV41KV_R1_CHUNK;
+inline constexpr int kChunkR1 = DSV41KV_R1_CHUNK;  // (kChunkR2Small, kChunkR2Large: cuda_tuning.hpp)
 
 // Blocks of `kernel` (128 threads) that the current device runs at once: SMs x resident blocks
 // per SM, queried once per device and cached (host-only queries, legal during stream capture).
@@ -901,9 +898,8 @@ int64_t resident_blocks(Kernel kernel) {
   return v;
 }
 
-template <int R, int F>
-void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
-  constexpr int C = kChunk<R>;
+template <int R, int F, int C>
+void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool pdl) {
   const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
   const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
   if (warps <= 0) return;
@@ -923,6 +919,23 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
   }
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
                 pdl, p);
+}
+
+template <int R, int F>
+void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
+  if constexpr (R == 1) {
+    launch_compress_stream_c<1, F, kChunkR1>(p, stream, pdl);
+  } else {
+    // chunks of 8 pairs when their grid makes at least 4 waves of resident blocks, else 16
+    int c = stream_chunk_override();
+    if (c == 0) {
+      const int64_t blocks8 = (p.num_reqs + ((p.N + 1) / 2 + kChunkR2Large - 1) / kChunkR2Large + 3) / 4;
+      c = blocks8 >= 4 * resident_blocks(compress_stream_kernel<2, F, kChunkR2Large>) ? kChunkR2Large
+                                                                                         : kChunkR2Small;
+    }
+    if (c == kChunkR2Large) launch_compress_stream_c<2, F, kChunkR2Large>(p, stream, pdl);
+    else launch_compress_stream_c<2, F, kChunkR2Small>(p, stream, pdl);
+  }
 }
 
 template <int R, int F>

@@ -1,10 +1,20 @@
-// Host-only tuning knob of the CUDA compressor kernels, for the bench (`dsv41kv bench
-// --program-warps`): which program geometry the fused/compress kernels use. 0 (default) picks
-// by size (<= kSmallGridPrograms programs: four warps per program, else one warp); 1 or 4 force
-// one. Process-wide; not part of the public API.
+// Host-only tuning knobs of the CUDA compressor kernels, for the bench and the GPU tests.
+// Process-wide; not part of the public API.
 #pragma once
 
 namespace dsv41kv::detail::cuda {
+
+// Program geometry of the fused/compress kernels (`dsv41kv bench --program-warps`): 0 (default)
+// picks by size (<= kSmallGridPrograms programs: four warps per program, else one warp); 1 or 4
+// force one.
 void set_program_warps_override(int warps);  // 0, 1 or 4
 int program_warps_override();
+
+// Pairs per chunk of the ratio-2 streaming kernel (see cuda_compress.cuh): 0 (default) picks by
+// grid size (kChunkR2Large for grids of many waves, else kChunkR2Small); either value forces
+// that one (the GPU tests run both on the same inputs).
+inline constexpr int kChunkR2Small = 16, kChunkR2Large = 8;
+void set_stream_chunk_override(int pairs);
+int stream_chunk_override();
+
 }  // namespace dsv41kv::detail::cuda
