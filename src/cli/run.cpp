@@ -58,8 +58,8 @@ struct RunOptions {
   std::string rendezvous = "tcp";
   double timeout_s = 120;
   double max_runtime_s = 1800;
-  int kill_rank = -1;      // --launch local: this rank SIGKILLs itself ...
-  int64_t kill_at_step = 0;  // ... before this step (failure-handling check)
+  int kill_rank = -1;         // --launch local: this rank SIGKILLs itself ...
+  int64_t kill_at_step = -1;  // ... at the start of this step (-1: not given, step 0)
 };
 
 int64_t parse_int(const std::string& s, const char* flag) {
@@ -174,6 +174,9 @@ int run_command(const RunOptions& o) {
   if (o.launch != "local" && o.kill_rank >= 0)
     invalid_argument(fmt::format("--kill-rank {} without --launch local: only worker processes can be killed "
                                  "(expected --device cuda --launch local)", o.kill_rank));
+  if (o.kill_at_step >= 0 && o.kill_rank < 0)
+    invalid_argument(fmt::format("--kill-at-step {} without --kill-rank: no rank to kill (expected --kill-rank R)",
+                                 o.kill_at_step));
   if (o.launch == "local") {
     if (!on_gpu) invalid_argument("--launch local needs --device cuda (one worker process per GPU)");
     if (ps.size() != 1)
@@ -181,7 +184,7 @@ int run_command(const RunOptions& o) {
     if (o.json) invalid_argument("--launch local with --json: the workers print text (expected no --json)");
     if (o.kill_rank >= ps[0])
       invalid_argument(fmt::format("--kill-rank {}: outside the ranks [0, {}) of --pcp {}", o.kill_rank, ps[0], ps[0]));
-    if (o.kill_rank >= 0 && o.kill_at_step >= static_cast<int64_t>(w.steps.size()))
+    if (o.kill_rank >= 0 && std::max<int64_t>(o.kill_at_step, 0) >= static_cast<int64_t>(w.steps.size()))
       invalid_argument(fmt::format("--kill-at-step {}: the workload has {} step(s) (expected 0..{})", o.kill_at_step,
                                    w.steps.size(), static_cast<int64_t>(w.steps.size()) - 1));
     if (auto env = comm::worker_env_from_environment()) {
@@ -335,11 +338,13 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   std::optional<pcp::Mismatch> first;
   int64_t steps_run = 0;
   for (int64_t i = 0; i < mine.num_steps(); ++i) {
-    if (r == o.kill_rank && i == o.kill_at_step)
-      comm::kill_self(env, fmt::format("before step {}", i).c_str());
     // The ranks meet before each step so that its GPU time is the step's, not the time this rank
     // waits in the first collective for a peer still busy with the previous step's CPU check.
     nccl.barrier();
+    // --kill-rank: after the barrier, so that the other ranks are inside the step (its
+    // all-gathers and the communicator's wait before the link comes back) when this one dies
+    if (r == o.kill_rank && i == std::max<int64_t>(o.kill_at_step, 0))
+      comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
     const pcp::StepReport rep = mine.run_step(i);
     ++steps_run;
     const size_t k = static_cast<size_t>(r);
@@ -439,7 +444,7 @@ int launch_workers(const RunOptions& o, int P) {
   if (o.verify) lo.argv.push_back("--verify");
   if (o.kill_rank >= 0)
     for (const std::string& a : {std::string("--kill-rank"), std::to_string(o.kill_rank), std::string("--kill-at-step"),
-                                 std::to_string(o.kill_at_step)})
+                                 std::to_string(std::max<int64_t>(o.kill_at_step, 0))})
       lo.argv.push_back(a);
   std::printf("run: launching %d worker(s), one per GPU, NCCL %s, rendezvous %s, timeout %g s\n", P,
               nccl_version_string().c_str(), o.rendezvous.c_str(), o.timeout_s);
@@ -496,8 +501,8 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--kill-rank", o.kill_rank, "--launch local: this rank kills itself (SIGKILL) mid-run; every "
                                               "other rank must end with an error naming itself within --timeout")
       ->check(CLI::Range(-1, 63))->capture_default_str();
-  cmd->add_option("--kill-at-step", o.kill_at_step, "--kill-rank: ... just before this step")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--kill-at-step", o.kill_at_step, "--kill-rank: ... at the start of this step (default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([&exit_code] { exit_code = run_command(o); });
 }
 

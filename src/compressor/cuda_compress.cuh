@@ -63,9 +63,9 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
 // compress_stream_kernel<R, F, C>: 4 warps per 128-thread block, each warp owns
 //   ratio 2: warps w < num_reqs: request program w (one program, generic loads, tail store);
 //            the other warps: a chunk of C consecutive pair programs;
-//   ratio 1: an even share of the token programs (consecutive): one chunk of at most C programs
-//            on a grid of one chunk per warp, several chunks on a small grid widened to fill
-//            the GPU (launch_compress_stream).
+//   ratio 1: an even share of the token programs (consecutive), at most C of them: one per
+//            C programs, or more, smaller shares when a small grid is widened to fill the GPU
+//            (launch_compress_stream_c).
 // A chunk starts with one round of metadata: lane j resolves program j of the chunk (token,
 // insert slot, RoPE row), in parallel over the lanes; the program loop then broadcasts the role
 // with shuffles. Ratio 2 issues the 16-byte row loads of program i+1 while pooling program i
@@ -408,9 +408,9 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
 
   // This warp's programs [lo, hi), processed in chunks of at most C:
   //   ratio 2: the request program w (w < num_reqs), else pair chunk w - num_reqs;
-  //   ratio 1: an even share of the N token programs over the grid's warps: one chunk each on a
-  //   grid of one chunk per warp, several when launch_compress_stream spread a small prefill
-  //   over every slot of the GPU.
+  //   ratio 1: an even share of the N token programs over the grid's warps. The grid has at
+  //   least one warp per C programs (launch_compress_stream_c), so a share is at most C programs
+  //   and the chunk loop below runs once; widening a small grid only makes the shares smaller.
   int64_t lo, hi;
   if constexpr (R == 2) {
     if (w < p.num_reqs) {
@@ -880,21 +880,26 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 #endif
 inline constexpr int kChunkR1 = DSV41KV_R1_CHUNK;  // (kChunkR2Small, kChunkR2Large: cuda_tuning.hpp)
 
-// Blocks of `kernel` (128 threads) that the current device runs at once: SMs x resident blocks
-// per SM, queried once per device and cached (host-only queries, legal during stream capture).
-template <class Kernel>
-int64_t resident_blocks(Kernel kernel) {
+// Blocks of compress_stream_kernel<R, F, C> (128 threads) that the current device runs at
+// once: SMs x resident blocks per SM (3 to 7 depending on R and F), queried once per kernel and
+// device and cached (host-only queries, legal during stream capture). One cache per template
+// instantiation: every instantiation has the same function type, so a cache keyed by the type
+// would hand one kernel's occupancy to all the others.
+template <int R, int F, int C>
+int64_t resident_blocks() {
   static std::atomic<int64_t> cache[64] = {};
   int dev = 0;
   DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) dev = 63;
-  int64_t v = cache[dev].load(std::memory_order_relaxed);
-  if (v > 0) return v;
+  const bool cached = dev >= 0 && dev < 64;
+  if (cached) {
+    const int64_t v = cache[dev].load(std::memory_order_relaxed);
+    if (v > 0) return v;
+  }
   int per_sm = 0, sms = 0;
-  DSV41KV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, 0));
+  DSV41KV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compress_stream_kernel<R, F, C>, 128, 0));
   DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  v = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
-  cache[dev].store(v, std::memory_order_relaxed);
+  const int64_t v = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
+  if (cached) cache[dev].store(v, std::memory_order_relaxed);
   return v;
 }
 
@@ -913,7 +918,7 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     // 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same time
     // on neighbouring rows.
     constexpr int64_t kMinProgramsPerWarp = 8;
-    const int64_t fit = resident_blocks(compress_stream_kernel<R, F, C>);
+    const int64_t fit = resident_blocks<R, F, C>();
     const int64_t wide = (((p.N + kMinProgramsPerWarp - 1) / kMinProgramsPerWarp) + 3) / 4;
     blocks = std::max(blocks, std::min(wide, fit));
   }
@@ -930,8 +935,7 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
     int c = stream_chunk_override();
     if (c == 0) {
       const int64_t blocks8 = (p.num_reqs + ((p.N + 1) / 2 + kChunkR2Large - 1) / kChunkR2Large + 3) / 4;
-      c = blocks8 >= 4 * resident_blocks(compress_stream_kernel<2, F, kChunkR2Large>) ? kChunkR2Large
-                                                                                         : kChunkR2Small;
+      c = blocks8 >= 4 * resident_blocks<2, F, kChunkR2Large>() ? kChunkR2Large : kChunkR2Small;
     }
     if (c == kChunkR2Large) launch_compress_stream_c<2, F, kChunkR2Large>(p, stream, pdl);
     else launch_compress_stream_c<2, F, kChunkR2Small>(p, stream, pdl);

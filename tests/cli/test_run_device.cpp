@@ -36,6 +36,9 @@ TEST(RunDevice, BadCombinationsExit2) {
   const CliRun k = run_cli("run --pcp 2 --steps 3 --kill-rank 1", tmp);  // only workers can be killed
   EXPECT_EQ(k.code, 2);
   EXPECT_NE(k.err.find("--kill-rank 1 without --launch local"), std::string::npos) << k.err;
+  const CliRun ks = run_cli("run --pcp 2 --steps 3 --kill-at-step 1", tmp);  // a step but no rank
+  EXPECT_EQ(ks.code, 2);
+  EXPECT_NE(ks.err.find("--kill-at-step 1 without --kill-rank"), std::string::npos) << ks.err;
   if (cuda_device_available()) {
     const CliRun d = run_cli("run --pcp 2,4 --device cuda --launch local", tmp);  // one P per launch
     EXPECT_EQ(d.code, 2);

@@ -166,7 +166,7 @@ TEST_F(MetadataGpu, RingSlotExample) {
 
 // The device link equals the host link (pcp.hpp) bit for bit, keys to prev_row_indices.
 TEST_F(MetadataGpu, PcpLinkMatchesHost) {
-  int compared = 0;  // draws that reached the device comparison (an E10 draw is skipped)
+  int compared = 0;  // (draw, rank) pairs that reached the device comparison (E10 draws are skipped)
   for (int P : {1, 2, 3, 4, 8})
     for (int iter = 0; iter < 4; ++iter) {
       const int64_t cap = 8, max_num_seqs = rng().integer(1, 12);

@@ -159,9 +159,10 @@ TEST_F(PcpRunGpu, CliLaunchLocalOneGpu) {
   }
 }
 
-// Issue 5's failure handling on the real step: rank 1 dies (SIGKILL) before step 2, rank 0 is
-// then inside the step's all-gathers; its wait through the communicator must end it with its own
-// kComm error within --timeout (not the launcher's SIGTERM after the grace period).
+// Issue 5's failure handling on the real step: rank 1 dies (SIGKILL) at the start of step 2,
+// after the ranks' barrier, so rank 0 is inside the step's all-gathers; its wait through the
+// communicator must end it with its own kComm error within --timeout (not the launcher's SIGTERM
+// after the grace period).
 TEST_F(PcpRunGpu, CliLaunchLocalKilledRankEndsThePeerWithinTheTimeout) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
   int gpus = 0;
@@ -173,7 +174,8 @@ TEST_F(PcpRunGpu, CliLaunchLocalKilledRankEndsThePeerWithinTheTimeout) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string all = r.out + r.err;
   EXPECT_EQ(r.code, 1) << all;
-  EXPECT_NE(all.find("rank 1/2: --kill-rank: killing myself (SIGKILL) before step 2"), std::string::npos) << all;
+  EXPECT_NE(all.find("rank 1/2: --kill-rank: killing myself (SIGKILL) at the start of step 2"), std::string::npos)
+      << all;
   EXPECT_NE(all.find("first failure: rank 1"), std::string::npos) << all;
   EXPECT_NE(all.find("rank 0/2: error: rank 0 of 2"), std::string::npos) << all;
   EXPECT_EQ(all.find("from the launcher"), std::string::npos) << "rank 0 must end on its own:\n" << all;
