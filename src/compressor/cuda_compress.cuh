@@ -58,6 +58,23 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
   }
 }
 
+// The predecessor row of a ratio-2 request program whose first token closes a group (SPEC 4.4,
+// 7.5): under PCP the gathered row prev_rows[g] when the link found one (g: prev_row_indices of
+// the request, -1 when none or not PCP), otherwise the ring row of position ps - 1 in the block
+// of the first token's ring slot `sl` (already bounded).
+__device__ __forceinline__ const float* request_predecessor_row(const CompressParams& p, int64_t g, int64_t sl,
+                                                                 int64_t ps) {
+  const float* arow = nullptr;
+  if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
+  if (arow == nullptr) {
+    int64_t blk, rem, quo, row_pred;
+    divmod_fast(sl, p.cap_div, blk, rem);
+    divmod_fast(ps - 1, p.cap_div, quo, row_pred);
+    arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
+  }
+  return arow;
+}
+
 // ==================================================================== one-warp streaming kernel
 //
 // compress_stream_kernel<R, F, C>: 4 warps per 128-thread block, each warp owns
@@ -592,13 +609,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
   const float* arow = nullptr;
   if (ps >= 0 && (ps & 1)) {
     t = s;
-    if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
-    if (arow == nullptr) {
-      int64_t blk, rem, quo, row_pred;
-      divmod_fast(sl, p.cap_div, blk, rem);
-      divmod_fast(ps - 1, p.cap_div, quo, row_pred);
-      arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
-    }
+    arow = request_predecessor_row(p, g, sl, ps);
   }
   if (t >= 0) {
     PairRows A;
@@ -727,14 +738,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     if (ps >= 0 && (ps & 1)) {
       t = s;
       pos_t = ps;
-      const float* arow = nullptr;
-      if (g >= 0 && g < p.prev_count) arow = p.prev + g * p.prev_stride;
-      if (arow == nullptr) {
-        int64_t blk, rem, quo, row_pred;
-        divmod_fast(sl_s, p.cap_div, blk, rem);
-        divmod_fast(ps - 1, p.cap_div, quo, row_pred);
-        arow = p.ring + blk * p.ring_bs + row_pred * p.ring_rs;
-      }
+      const float* arow = request_predecessor_row(p, g, sl_s, ps);
       const bool a_al = aligned16(arow);
       akv = ld4_any(arow + d0, a_al);
       asc = ld4_any(arow + kLatentDim + d0, a_al);
