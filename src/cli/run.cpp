@@ -62,6 +62,9 @@ struct RunOptions {
   int64_t kill_at_step = -1;  // ... at the start of this step (-1: not given, step 0)
 };
 
+// The step at whose start --kill-rank dies (--kill-at-step, 0 when not given).
+int64_t kill_step(const RunOptions& o) { return std::max<int64_t>(o.kill_at_step, 0); }
+
 int64_t parse_int(const std::string& s, const char* flag) {
   size_t used = 0;
   int64_t v = 0;
@@ -184,7 +187,7 @@ int run_command(const RunOptions& o) {
     if (o.json) invalid_argument("--launch local with --json: the workers print text (expected no --json)");
     if (o.kill_rank >= ps[0])
       invalid_argument(fmt::format("--kill-rank {}: outside the ranks [0, {}) of --pcp {}", o.kill_rank, ps[0], ps[0]));
-    if (o.kill_rank >= 0 && std::max<int64_t>(o.kill_at_step, 0) >= static_cast<int64_t>(w.steps.size()))
+    if (o.kill_rank >= 0 && kill_step(o) >= static_cast<int64_t>(w.steps.size()))
       invalid_argument(fmt::format("--kill-at-step {}: the workload has {} step(s) (expected 0..{})", o.kill_at_step,
                                    w.steps.size(), static_cast<int64_t>(w.steps.size()) - 1));
     if (auto env = comm::worker_env_from_environment()) {
@@ -343,7 +346,7 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
     nccl.barrier();
     // --kill-rank: after the barrier, so that the other ranks are inside the step (its
     // all-gathers and the communicator's wait before the link comes back) when this one dies
-    if (r == o.kill_rank && i == std::max<int64_t>(o.kill_at_step, 0))
+    if (r == o.kill_rank && i == kill_step(o))
       comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
     const pcp::StepReport rep = mine.run_step(i);
     ++steps_run;
@@ -444,7 +447,7 @@ int launch_workers(const RunOptions& o, int P) {
   if (o.verify) lo.argv.push_back("--verify");
   if (o.kill_rank >= 0)
     for (const std::string& a : {std::string("--kill-rank"), std::to_string(o.kill_rank), std::string("--kill-at-step"),
-                                 std::to_string(std::max<int64_t>(o.kill_at_step, 0))})
+                                 std::to_string(kill_step(o))})
       lo.argv.push_back(a);
   std::printf("run: launching %d worker(s), one per GPU, NCCL %s, rendezvous %s, timeout %g s\n", P,
               nccl_version_string().c_str(), o.rendezvous.c_str(), o.timeout_s);
