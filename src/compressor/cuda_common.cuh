@@ -537,6 +537,45 @@ __device__ __forceinline__ uint8_t ue8m0_thread(const float (&v)[E], float amax,
   return num::ue8m0_byte(e);
 }
 
+// The NVFP4 scale of a finite tile with the given amax (num::nvfp4_quantize_tile): the e4m3
+// scale byte and the e2m1 decision thresholds (e2m1_thresholds) of its decoded value.
+__device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
+  float t = num::mul_rn(amax, num::u2f(num::kInv6Bits));
+  const float lo = 1.0f / 512.0f;
+  t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
+  const uint8_t sb = static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
+  e2m1_thresholds(num::e4m3_decode(sb), thr);
+  return sb;
+}
+
+// e2m1 codes (e2m1_quotient_code: sign bit 3, magnitude bits 0-2) of the two bf16 values packed
+// in `w` (even element in the low half): the low half's code in bits 0-3, the high half's in
+// bits 16-19. T2[k] = thr[k] (e2m1_thresholds of an e4m3 scale) as bf16 in both halves: those
+// products have at most 7 significant bits, so they are exact in bf16 (checked for every e4m3
+// scale by FastMathHost.E2m1ThresholdsAreExactInBf16), and bf16 values compare exactly in bf16:
+// the same three decisions as e2m1_quotient_code, two values per instruction, with selects by
+// the all-ones half masks of set.u32.bf16x2 (sm_90) instead of per-value predicates.
+DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = w & 0x7FFF7FFFu;  // |v| of both halves
+  uint32_t m2, m1, m0;
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(a), "r"(T2[3]));
+  const uint32_t t1 = (m2 & T2[5]) | (~m2 & T2[1]);
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(a), "r"(t1));
+  const uint32_t tl = (m2 & T2[4]) | (~m2 & T2[0]);
+  const uint32_t th = (m2 & T2[6]) | (~m2 & T2[2]);
+  const uint32_t t0 = (m1 & th) | (~m1 & tl);
+  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(a), "r"(t0));
+  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((w >> 12) & 0x00080008u);
+#else  // element-wise (older architectures, the host)
+  float thr[7];
+#pragma unroll
+  for (int k = 0; k < 7; ++k) thr[k] = num::u2f(T2[k] << 16);
+  return static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w << 16), thr)) |
+         (static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w & 0xFFFF0000u), thr)) << 16);
+#endif
+}
+
 // Writes the record of one state (slot already bounded) cooperatively: thread gt of the
 // program owns dims [E*gt, E*gt + E); x = latent values, y = x after RoPE. All 32 lanes of every
 // warp of the program must call it (shuffles).
@@ -584,13 +623,8 @@ __device__ __forceinline__ void write_record_at(const CacheDst& c, int64_t page,
       sb = 0x7F;
     } else {
       // num::nvfp4_quantize_tile, element-wise
-      float t = num::mul_rn(amax, num::u2f(num::kInv6Bits));
-      const float lo = 1.0f / 512.0f;
-      t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
-      sb = static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
-      const float sd = num::e4m3_decode(sb);
       float thr[7];
-      e2m1_thresholds(sd, thr);
+      sb = nv_tile_scale(amax, thr);
 #pragma unroll
       for (int i = 0; i < E; ++i) nib[i] = e2m1_quotient_code(y[i], thr);
     }
@@ -656,6 +690,58 @@ __device__ __forceinline__ void write_v4_warp(const CacheDst& c, int64_t page, i
   uint32_t w[1];
   bf16_encode_packed<2>(y, w);
   store_words<1>(val + kNopeDim + 4 * lane, w);
+}
+
+// The NVFP4 record of one state written by one warp in the writer layout E = 16 (the streaming
+// kernel), the way write_v4_warp does V4: lanes 0-27 quantise their NoPE tile (dims 16l..16l+15,
+// whose values are the bf16 latent itself, `lw` packed two per word) with e2m1_codes_bf16x2, and
+// every lane l quantises the RoPE pair l it rotated (q0, q1: dims 448 + 2l, 449 + 2l; RoPE tile
+// 28 + l/8 spans 8 lanes, reduced with shuffles) and stores its one value byte. Replaces
+// write_record_at<kNv, 16>, where lanes 28-31 first gathered 16 rotated values with 16 shuffles
+// per lane and then ran 16 scalar e2m1 decisions each while the other lanes ran theirs: the same
+// scale and the same decisions per element (nv_tile_scale, e2m1_quotient_code), so the same bytes.
+// All 32 lanes must call it (shuffles).
+__device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, int64_t r, int lane,
+                                              const uint32_t (&lw)[8], float q0, float q1) {
+  uint8_t* pg = c.base + page * c.page_stride_bytes;
+  uint8_t* val = pg + Nvfp4Layout::value_offset(c.S, r);
+  uint8_t* sc = pg + Nvfp4Layout::scale_offset(c.S, r);
+  if (lane < kNopeDim / 16) {
+    // tile amax from the packed bf16 words: |v| bits of a bf16 value are its fp32 |v| bits >> 16
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) m = __vmaxu2(m, lw[i] & 0x7FFF7FFFu);
+    const uint32_t mb = max(m & 0xFFFFu, m >> 16) << 16;
+    uint32_t out[2] = {0u, 0u};
+    uint8_t sb = 0x7F;
+    if (bits_finite(mb)) {
+      float thr[7];
+      sb = nv_tile_scale(num::u2f(mb), thr);
+      uint32_t T2[7];
+#pragma unroll
+      for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+          const uint32_t cc = e2m1_codes_bf16x2(lw[4 * k + b], T2);
+          out[k] |= ((cc & 0xFu) | ((cc >> 12) & 0xF0u)) << (8 * b);
+        }
+    }
+    store_words<2>(val + 8 * lane, out);
+    sc[lane] = sb;
+  }
+  // RoPE tiles: pair `lane` of tile 28 + lane/8
+  const uint32_t mb = tile_reduce_bits<8>(max(num::f2u(q0) & 0x7FFFFFFFu, num::f2u(q1) & 0x7FFFFFFFu));
+  uint32_t byte = 0;
+  uint8_t sb = 0x7F;
+  if (bits_finite(mb)) {
+    float thr[7];
+    sb = nv_tile_scale(num::u2f(mb), thr);
+    byte = e2m1_quotient_code(q0, thr) | (static_cast<uint32_t>(e2m1_quotient_code(q1, thr)) << 4);
+  }
+  val[kNopeDim / 2 + lane] = static_cast<uint8_t>(byte);
+  if (lane % 8 == 0) sc[kNopeDim / 16 + lane / 8] = sb;
 }
 
 template <int F, int E>

@@ -260,6 +260,10 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
       const float xr0 = num::u2f(lr[0] << 16), xr1 = num::u2f(lr[0] & 0xFFFF0000u);
       if constexpr (F == kV4) {
         write_v4_warp(p.cache, ipage, ir, lane, x, xr0, xr1, rc, rsn);
+      } else if constexpr (F == kNv) {
+        float q0, q1;
+        num::rope_forward(xr0, xr1, rc, rsn, q0, q1);
+        write_nv_warp(p.cache, ipage, ir, lane, lw, q0, q1);
       } else {
         // y = x after RoPE: every lane rotates its pair, lanes 28-31 (dims 448 + 16*(lane-28)
         // + [0, 16) = pairs 8*(lane-28) + [0, 8)) collect theirs with shuffles

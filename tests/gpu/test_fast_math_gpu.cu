@@ -5,7 +5,10 @@
 //   * e2m1_quotient_code vs num::e2m1_encode(div_rn(v, sd)): every positive e4m3 scale sd and
 //     2^24 values per scale (all magnitudes of 8 binades around sd, both signs) plus the exact
 //     neighbourhoods of every threshold;
-//   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values.
+//   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values;
+//   * e2m1_codes_bf16x2 (packed bf16 decisions, sm_90) vs e2m1_quotient_code: every positive
+//     e4m3 scale and every finite bf16 pattern in each half (64 pairings per low pattern; the
+//     halves are decided independently).
 // Plus host-side versions of the last two (they also run without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -152,6 +155,46 @@ TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
   cudaFree(first);
 }
 
+__global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* first_w) {
+  const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
+  float thr[7];
+  e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
+  uint32_t T2[7];
+  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+  const uint32_t lo_pat = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
+  if (lo_pat > 0xFFFFu) return;
+  for (uint32_t j = 0; j < 64; ++j) {
+    const uint32_t hi_pat = (lo_pat * 40503u + j * 1021u) & 0xFFFFu;
+    const uint32_t w = (hi_pat << 16) | lo_pat;
+    const float lo = num::u2f(lo_pat << 16), hi = num::u2f(hi_pat << 16);
+    if (!num::is_finite(lo) || !num::is_finite(hi)) continue;  // the writer quantises finite tiles only
+    const uint32_t want = static_cast<uint32_t>(e2m1_quotient_code(lo, thr)) |
+                          (static_cast<uint32_t>(e2m1_quotient_code(hi, thr)) << 16);
+    if (e2m1_codes_bf16x2(w, T2) != want) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first_w, w);
+    }
+  }
+}
+
+TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
+  unsigned long long* cnt;
+  uint32_t* first;
+  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
+  GPU_CHECK(cudaMalloc(&first, sizeof *first));
+  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
+  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
+  e2m1_bf16x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first);
+  GPU_CHECK(cudaGetLastError());
+  unsigned long long n = 0;
+  uint32_t f = 0;
+  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
+  EXPECT_EQ(n, 0ull) << "first mismatching packed word 0x" << std::hex << f;
+  cudaFree(cnt);
+  cudaFree(first);
+}
+
 TEST_F(FastMathGpu, E2m1WithoutDivisionEqualsDivision) {
   unsigned long long* cnt;
   uint32_t* first;
@@ -211,6 +254,40 @@ TEST(FastMathHost, E2m1WithoutDivisionEqualsDivisionNearThresholds) {
           const float v = num::u2f((num::f2u(thr[k]) + d) | (sign ? 0x80000000u : 0u));
           if (e2m1_quotient_code(v, thr) != num::e2m1_encode(num::div_rn(v, sd))) ++bad;
         }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+// e2m1_codes_bf16x2 relies on every threshold of every e4m3 scale being exact in bf16.
+TEST(FastMathHost, E2m1ThresholdsAreExactInBf16) {
+  for (int sb = 1; sb <= 0x7E; ++sb) {
+    float thr[7];
+    e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
+    for (int k = 0; k < 7; ++k) {
+      EXPECT_EQ(num::f2u(thr[k]) & 0xFFFFu, 0u) << "scale byte " << sb << " threshold " << k;
+      EXPECT_TRUE(num::is_finite(thr[k]) && thr[k] > 0.0f);
+    }
+  }
+}
+
+// The element-wise form of e2m1_codes_bf16x2 (what builds below sm_90 and the host run), against
+// the division it stands for (e2m1_encode(div_rn(v, sd))) on every finite bf16 pattern per half.
+TEST(FastMathHost, E2m1PackedBf16FallbackEqualsScalar) {
+  int64_t bad = 0;
+  for (int sb = 1; sb <= 0x7E; sb += 5) {
+    float thr[7];
+    e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
+    uint32_t T2[7];
+    for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+    for (uint32_t lo = 0; lo <= 0xFFFFu; ++lo) {
+      const uint32_t hi = (lo * 40503u + 7u) & 0xFFFFu;
+      const float flo = num::u2f(lo << 16), fhi = num::u2f(hi << 16);
+      if (!num::is_finite(flo) || !num::is_finite(fhi)) continue;
+      const float sd = num::e4m3_decode(static_cast<uint8_t>(sb));
+      const uint32_t want = static_cast<uint32_t>(num::e2m1_encode(num::div_rn(flo, sd))) |
+                            (static_cast<uint32_t>(num::e2m1_encode(num::div_rn(fhi, sd))) << 16);
+      if (e2m1_codes_bf16x2((hi << 16) | lo, T2) != want) ++bad;
+    }
   }
   EXPECT_EQ(bad, 0);
 }
