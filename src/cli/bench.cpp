@@ -448,6 +448,7 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
     j["programmatic_launch"] = pdl;
     j["pdl_early_metadata"] = pdl && pdl_early_metadata;
     j["program_warps"] = detail::cuda::program_warps_override();
+    j["stream_chunk"] = detail::cuda::stream_chunk_override();
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"workload", r.workload}, {"ratio", r.ratio}, {"record", r.record},
@@ -488,6 +489,7 @@ void add_bench(CLI::App& app, int& exit_code) {
   static std::string baseline;
   static std::string only;
   static int program_warps = 0;
+  static int stream_chunk = 0;
   static std::string decode_buffers = "per-layer";
   static bool pdl = false;
   static bool pdl_early = false;
@@ -501,6 +503,9 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--program-warps", program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));
+  cmd->add_option("--stream-chunk", stream_chunk,
+                  "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16")
+      ->check(CLI::IsMember({0, 8, 16}));
   cmd->add_option("--decode-buffers", decode_buffers,
                   "decode graph: per-layer (each of the 16 nodes its own buffers, default) or shared "
                   "(every node the same buffers, as the baseline's do_bench replays one kernel)")
@@ -525,10 +530,12 @@ void add_bench(CLI::App& app, int& exit_code) {
     }
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::set_program_warps_override(program_warps);
+    detail::cuda::set_stream_chunk_override(stream_chunk);
     exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl, pdl_early);
 #else
     (void)json;
     (void)program_warps;
+    (void)stream_chunk;
     (void)decode_buffers;
     (void)pdl;
     (void)pdl_early;

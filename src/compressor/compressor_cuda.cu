@@ -30,11 +30,11 @@ int program_warps_override() { return g_program_warps.load(std::memory_order_rel
 namespace {
 std::atomic<int> g_stream_chunk{0};
 }  // namespace
-void set_stream_chunk_override(int pairs) {
-  if (pairs != 0 && pairs != kChunkR2Small && pairs != kChunkR2Large)
-    invalid_argument("stream chunk override: " + std::to_string(pairs) + ", expected 0, " +
-                     std::to_string(kChunkR2Large) + " or " + std::to_string(kChunkR2Small));
-  g_stream_chunk.store(pairs);
+void set_stream_chunk_override(int programs) {
+  if (programs != 0 && programs != kChunkSmall && programs != kChunkLarge)
+    invalid_argument("stream chunk override: " + std::to_string(programs) + ", expected 0, " +
+                     std::to_string(kChunkLarge) + " or " + std::to_string(kChunkSmall));
+  g_stream_chunk.store(programs);
 }
 int stream_chunk_override() { return g_stream_chunk.load(std::memory_order_relaxed); }
 

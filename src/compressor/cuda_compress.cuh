@@ -878,16 +878,13 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 }
 
 // Programs per chunk of the streaming kernel (at most 32: one lane resolves each program's
-// metadata). Ratio 1: 16 rather than 32 took 256K from 200-203 to 194-195 us (v4) in the same
-// run: the warps that run at the same time work on nearer rows (docs/perf-notes.md v13).
-// Ratio 2 has two: 8 pairs for grids of many waves (256K nvfp4 301-304 -> 290-291 us, v4
-// 297-299 -> 295-296 in the same run), 16 for smaller ones (32K: 47 us with 16, 54 with 8,
-// whose 512 blocks make 1.3 waves of 396 resident blocks where 16 makes one partial wave).
-#ifndef DSV41KV_R1_CHUNK
-#define DSV41KV_R1_CHUNK 16
-#endif
-inline constexpr int kChunkR1 = DSV41KV_R1_CHUNK;  // (kChunkR2Small, kChunkR2Large: cuda_tuning.hpp)
-
+// metadata): kChunkLarge (8) for grids of at least 4 waves of resident blocks, else kChunkSmall
+// (16; cuda_tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
+// the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
+// v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
+// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (docs/perf-notes.md v13, session 4).
+// Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with 8 (512 blocks = 1.3 waves of
+// 396 resident blocks where 16 makes one partial wave); 32K ratio 1 widens its grid anyway.
 // Blocks of compress_stream_kernel<R, F, C> (128 threads) that the current device runs at
 // once: SMs x resident blocks per SM (3 to 7 depending on R and F), queried once per kernel and
 // device and cached (host-only queries, legal during stream capture). One cache per template
@@ -936,18 +933,15 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
 
 template <int R, int F>
 void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
-  if constexpr (R == 1) {
-    launch_compress_stream_c<1, F, kChunkR1>(p, stream, pdl);
-  } else {
-    // chunks of 8 pairs when their grid makes at least 4 waves of resident blocks, else 16
-    int c = stream_chunk_override();
-    if (c == 0) {
-      const int64_t blocks8 = (p.num_reqs + ((p.N + 1) / 2 + kChunkR2Large - 1) / kChunkR2Large + 3) / 4;
-      c = blocks8 >= 4 * resident_blocks<2, F, kChunkR2Large>() ? kChunkR2Large : kChunkR2Small;
-    }
-    if (c == kChunkR2Large) launch_compress_stream_c<2, F, kChunkR2Large>(p, stream, pdl);
-    else launch_compress_stream_c<2, F, kChunkR2Small>(p, stream, pdl);
+  int c = stream_chunk_override();
+  if (c == 0) {
+    const int64_t chunks8 = ((R == 2 ? (p.N + 1) / 2 : p.N) + kChunkLarge - 1) / kChunkLarge;
+    const int64_t blocks8 = ((R == 2 ? p.num_reqs : 0) + chunks8 + 3) / 4;
+    const bool large = (R == 2 || F != kNv) && blocks8 >= 4 * resident_blocks<R, F, kChunkLarge>();
+    c = large ? kChunkLarge : kChunkSmall;
   }
+  if (c == kChunkLarge) launch_compress_stream_c<R, F, kChunkLarge>(p, stream, pdl);
+  else launch_compress_stream_c<R, F, kChunkSmall>(p, stream, pdl);
 }
 
 template <int R, int F>

@@ -10,11 +10,11 @@ namespace dsv41kv::detail::cuda {
 void set_program_warps_override(int warps);  // 0, 1 or 4
 int program_warps_override();
 
-// Pairs per chunk of the ratio-2 streaming kernel (see cuda_compress.cuh): 0 (default) picks by
-// grid size (kChunkR2Large for grids of many waves, else kChunkR2Small); either value forces
-// that one (the GPU tests run both on the same inputs).
-inline constexpr int kChunkR2Small = 16, kChunkR2Large = 8;
-void set_stream_chunk_override(int pairs);
+// Programs per chunk of the streaming kernel (pairs for ratio 2, tokens for ratio 1; see
+// cuda_compress.cuh): 0 (default) picks by grid size (kChunkLarge for grids of many waves, else
+// kChunkSmall); either value forces that one (the GPU tests run both on the same inputs).
+inline constexpr int kChunkSmall = 16, kChunkLarge = 8;
+void set_stream_chunk_override(int programs);
 int stream_chunk_override();
 
 }  // namespace dsv41kv::detail::cuda

@@ -26,6 +26,9 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
   EXPECT_EQ(d.code, 2) << d.out << d.err;
   const CliRun e = run_cli("bench --workload decode1", tmp);
   EXPECT_EQ(e.code, 2) << e.out << e.err;
+  const CliRun g = run_cli("bench --stream-chunk 12", tmp);
+  EXPECT_EQ(g.code, 2) << g.out << g.err;
+  EXPECT_NE(g.err.find("--stream-chunk"), std::string::npos) << g.err;
 }
 
 TEST(BenchCli, CudaWithoutGpuExits2WithTheReason) {

@@ -113,27 +113,30 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
         }
 }
 
-// Both chunk sizes of the ratio-2 streaming kernel (the host picks 8 pairs only for grids of many
-// waves, which the test shapes are not) on the same inputs, tail policy and PCP, with and
-// without the latent output: each equal to the CPU byte for byte.
-TEST_F(CompressorGpu, RatioTwoStreamChunkSizesMatchCpu) {
+// Both chunk sizes of the streaming kernel (the host picks 8 programs only for grids of many
+// waves, which the test shapes are not) on the same inputs, for both ratios and every record,
+// ratio 2 with the tail policy and PCP, with and without the latent output: each equal to the
+// CPU byte for byte.
+TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   struct Restore {
     ~Restore() { detail::cuda::set_stream_chunk_override(0); }
   } restore;
-  for (int chunk : {detail::cuda::kChunkR2Large, detail::cuda::kChunkR2Small})
-    for (RecordFormat f : kFormats)
-      for (bool pcp : {false, true}) {
-        detail::cuda::set_stream_chunk_override(chunk);
-        GpuBatchSpec s = shapes(2)[2];  // the streaming-kernel shape
-        s.format = f;
-        s.pcp = pcp;
-        GpuBatch b = GpuBatch::make(s, rng());
-        GpuBatchDev d(b);
-        const bool with_latent = f != RecordFormat::NVFP4_288;
-        compress_insert(compress_insert_args(b, nullptr, with_latent));
-        compress_insert(compress_insert_args(b, &d, with_latent));
-        EXPECT_TRUE(outputs_equal(b, d, "chunk " + std::to_string(chunk) + " " + name_of(s)));
-      }
+  for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
+    for (int ratio : {1, 2})
+      for (RecordFormat f : kFormats)
+        for (bool pcp : {false, true}) {
+          if (pcp && ratio == 1) continue;
+          detail::cuda::set_stream_chunk_override(chunk);
+          GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
+          s.format = f;
+          s.pcp = pcp;
+          GpuBatch b = GpuBatch::make(s, rng());
+          GpuBatchDev d(b);
+          const bool with_latent = f != RecordFormat::NVFP4_288;
+          compress_insert(compress_insert_args(b, nullptr, with_latent));
+          compress_insert(compress_insert_args(b, &d, with_latent));
+          EXPECT_TRUE(outputs_equal(b, d, "chunk " + std::to_string(chunk) + " " + name_of(s)));
+        }
 }
 
 // The fused launch equals the two separate CUDA kernels (compress, then insert) on the same
