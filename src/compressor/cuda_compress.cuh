@@ -360,6 +360,16 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) 
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
+// the same with an L2 eviction policy (createpolicy), for rows read exactly once
+__device__ __forceinline__ void cp_async16_sa_hint(uint32_t d, const float* gmem_src, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
+               : "memory");
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -376,6 +386,10 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) 
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
 }
+__device__ __forceinline__ void cp_async16_sa_hint(uint32_t d, const float* gmem_src, uint64_t) {
+  cp_async16_sa(d, gmem_src);
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_first() { return 0; }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
@@ -387,15 +401,18 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
                                                      const uint32_t (&wb)[8], uint32_t wrope);
 
 // Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
-// per thread <= 65536 / (128 * blocks)). Ratio 1 v4/mxfp8/plain fit 7 blocks (72 registers, the
-// shared-memory limit too: 30 KiB per block) without spills. The nvfp4 writer's e2m1 decisions
-// need more: 94 registers without spills at 5 blocks (it took 127 at the old bound of 4, i.e.
-// 4 blocks); 6 blocks spill 4 bytes, 7 blocks 44. Overridable at build time for measurements.
+// per thread <= 65536 / (128 * blocks)). Ratio 1 fits 7 blocks (the shared-memory limit too: 30
+// KiB per block): v4/mxfp8/plain in 72 registers without spills, nvfp4 (warp writer) in 72 with
+// 12 bytes of spills, which measured faster than 6 blocks (80 registers, no spills) and 5 (96):
+// 256K 208-210 vs 211 vs 215 us (session 4). Overridable at build time for measurements.
+#ifndef DSV41KV_R1_EVICT_FIRST
+#define DSV41KV_R1_EVICT_FIRST 0
+#endif
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
 #endif
 #ifndef DSV41KV_R1_NV_MIN_BLOCKS
-#define DSV41KV_R1_NV_MIN_BLOCKS 5
+#define DSV41KV_R1_NV_MIN_BLOCKS 7
 #endif
 template <int R, int F>
 inline constexpr int kStreamMinBlocks =
@@ -496,13 +513,23 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       const uint32_t rows_sa = smem_address(smem_rows<R>(warp)[0]);
       const uint32_t rope_sa = smem_address(rs_slot[0]);
       const uint32_t row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
+#if DSV41KV_R1_EVICT_FIRST
+      // measurement variant: the kv rows (read exactly once) marked evict-first in L2
+      const uint64_t kv_policy = l2_policy_evict_first();
+#endif
       auto copy = [&](int j, int slot) {
         const int64_t tj = shfl64(role_t, j);
         if (tj >= 0) {
           const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
           const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
   #pragma unroll
-          for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+          for (int k = 0; k < 4; ++k) {
+#if DSV41KV_R1_EVICT_FIRST
+            cp_async16_sa_hint(dst + 4u * 144u * k, src + 128 * k, kv_policy);
+#else
+            cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+#endif
+          }
         }
         if constexpr (F != kNoRecord) {
           const float* trow = shflptr(role_trow, j);

@@ -29,6 +29,9 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
   const CliRun g = run_cli("bench --stream-chunk 12", tmp);
   EXPECT_EQ(g.code, 2) << g.out << g.err;
   EXPECT_NE(g.err.find("--stream-chunk"), std::string::npos) << g.err;
+  const CliRun h = run_cli("bench --timing wallclock", tmp);
+  EXPECT_EQ(h.code, 2) << h.out << h.err;
+  EXPECT_NE(h.err.find("--timing"), std::string::npos) << h.err;
 }
 
 TEST(BenchCli, CudaWithoutGpuExits2WithTheReason) {
