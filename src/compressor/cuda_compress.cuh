@@ -360,14 +360,15 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) 
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
-// the same with an L2 eviction policy (createpolicy), for rows read exactly once
-__device__ __forceinline__ void cp_async16_sa_hint(uint32_t d, const float* gmem_src, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
+// 4-byte copy with an L2 eviction policy (createpolicy): the RoPE table rows, which every
+// request reads again at the same positions
+__device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t pol) {
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
                : "memory");
 }
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
   uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -386,10 +387,10 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) 
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
 }
-__device__ __forceinline__ void cp_async16_sa_hint(uint32_t d, const float* gmem_src, uint64_t) {
-  cp_async16_sa(d, gmem_src);
+__device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t) {
+  cp_async4_sa(d, gmem_src);
 }
-__device__ __forceinline__ uint64_t l2_policy_evict_first() { return 0; }
+__device__ __forceinline__ uint64_t l2_policy_evict_last() { return 0; }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
@@ -405,8 +406,14 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 // KiB per block): v4/mxfp8/plain in 72 registers without spills, nvfp4 (warp writer) in 72 with
 // 12 bytes of spills, which measured faster than 6 blocks (80 registers, no spills) and 5 (96):
 // 256K 208-210 vs 211 vs 215 us (session 4). Overridable at build time for measurements.
-#ifndef DSV41KV_R1_EVICT_FIRST
-#define DSV41KV_R1_EVICT_FIRST 0
+// Ratio-1 streaming measurement knobs: EARLY_ROWS issues the first kRowsAhead rows of a chunk
+// before its metadata round (the row of token t needs no metadata); ROPE_EVICT_LAST copies the
+// RoPE table entries with an L2 evict-last policy.
+#ifndef DSV41KV_R1_EARLY_ROWS
+#define DSV41KV_R1_EARLY_ROWS 1
+#endif
+#ifndef DSV41KV_R1_ROPE_EVICT_LAST
+#define DSV41KV_R1_ROPE_EVICT_LAST 0
 #endif
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
@@ -465,8 +472,36 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     lo = w * p.N / W;
     hi = (w + 1) * p.N / W;
   }
+  // ratio 1: the warp's shared ring of rows (kRowsAhead + 1 slots, see below)
+  uint32_t rows_sa = 0, row_dst_lane = 0;
+  if constexpr (R == 1) {
+    const unsigned ul = static_cast<unsigned>(lane);
+    rows_sa = smem_address(smem_rows<R>(warp)[0]);
+    row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
+  }
+  constexpr uint32_t kRowBytes = kPooledFloats * 4;
+  // issues the cp.async copies of token t's row into ring slot `slot` (lane: dims 4*lane + 128*k)
+  auto copy_row = [&](int64_t t, int slot) {
+    const float* src = (p.kv + t * p.kv_stride) + 4 * lane;
+    const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+  };
   for (int64_t first = lo; first < hi; first += C) {
     const int64_t n = hi - first < C ? hi - first : C;  // programs in the chunk
+#if DSV41KV_R1_EARLY_ROWS
+    if constexpr (R == 1) {
+      // The rows of the chunk's first kRowsAhead programs (tokens first + j < N) go out before
+      // the metadata round, one commit group each (empty past the chunk): a warp's first row no
+      // longer waits for a dependent round trip. A program that turns out to have nothing to do
+      // (slot < 0) just leaves its copied row unread.
+#pragma unroll
+      for (int j = 0; j < kRowsAhead; ++j) {
+        if (j < n) copy_row(first + j, j);
+        cp_async_commit();
+      }
+    }
+#endif
 
     // metadata of the whole chunk, one program per lane
     int64_t role_t = -1, role_slot = -1, role_row = 0;
@@ -507,40 +542,44 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
       // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
       // addresses computed once (PooledSmem).
-      constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
+      constexpr uint32_t kRopeBytes = kRopeDim * 4;
       constexpr int kSlots = kRowsAhead + 1;
       const unsigned ul = static_cast<unsigned>(lane);
-      const uint32_t rows_sa = smem_address(smem_rows<R>(warp)[0]);
       const uint32_t rope_sa = smem_address(rs_slot[0]);
-      const uint32_t row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
-#if DSV41KV_R1_EVICT_FIRST
-      // measurement variant: the kv rows (read exactly once) marked evict-first in L2
-      const uint64_t kv_policy = l2_policy_evict_first();
+#if DSV41KV_R1_ROPE_EVICT_LAST
+      const uint64_t rope_policy = l2_policy_evict_last();
 #endif
-      auto copy = [&](int j, int slot) {
-        const int64_t tj = shfl64(role_t, j);
-        if (tj >= 0) {
-          const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
-          const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
-  #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-#if DSV41KV_R1_EVICT_FIRST
-            cp_async16_sa_hint(dst + 4u * 144u * k, src + 128 * k, kv_policy);
-#else
-            cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
-#endif
-          }
-        }
+      // the RoPE entries of program j's insert into rope slot `slot` (nothing without an insert)
+      auto copy_rope = [&](int j, int slot) {
         if constexpr (F != kNoRecord) {
           const float* trow = shflptr(role_trow, j);
           if (trow != nullptr) {
             const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
+#if DSV41KV_R1_ROPE_EVICT_LAST
+            cp_async4_sa_hint(dst, trow + lane, rope_policy);
+            cp_async4_sa_hint(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane, rope_policy);
+#else
             cp_async4_sa(dst, trow + lane);
             cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane);
+#endif
           }
         }
+      };
+      // program j's row (when it has a token) and RoPE entries, one commit group
+      auto copy = [&](int j, int slot) {
+        const int64_t tj = shfl64(role_t, j);
+        if (tj >= 0) copy_row(tj, slot);
+        copy_rope(j, slot);
         cp_async_commit();
       };
+#if DSV41KV_R1_EARLY_ROWS
+      // the rows of programs 0 .. kRowsAhead-1 are in flight (kRowsAhead groups); their RoPE
+      // entries follow in one more group, which iteration 0 waits for (see the wait below)
+  #pragma unroll
+      for (int j = 0; j < kRowsAhead; ++j)
+        if (j < nn) copy_rope(j, j);
+      cp_async_commit();
+#else
       // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
       // of iteration i (all but the newest kRowsAhead groups) covers program i's group
   #pragma unroll
@@ -548,14 +587,24 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         if (j < nn) copy(j, j);
         else cp_async_commit();
       }
+#endif
       int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
       for (int i = 0; i < nn; ++i) {
         // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
         // process_warp
         if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
         else cp_async_commit();
+#if DSV41KV_R1_EARLY_ROWS
+        // groups: rows 0 .. kRowsAhead-1, the RoPE group of programs 0 .. kRowsAhead-1, then
+        // one per iteration (program i + kRowsAhead): iteration 0 leaves only its own newest
+        // group pending (so the RoPE group has landed); from iteration 1 on the newest
+        // kRowsAhead groups are later than every copy of program i
+        if (i == 0) cp_async_wait<1>();
+        else cp_async_wait<kRowsAhead>();
+#else
         cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
-        __syncwarp();                  // ... and every lane's, visible to the warp
+#endif
+        __syncwarp();  // ... and every lane's, visible to the warp
         const int64_t t = shfl64(role_t, i);
         const int64_t pg = shfl64(role_page, i);
         const int64_t ir = shfl64(role_r, i);
