@@ -362,6 +362,11 @@ __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src)
 }
 // 4-byte copy with an L2 eviction policy (createpolicy): the RoPE table rows, which every
 // request reads again at the same positions
+__device__ __forceinline__ void cp_async4_hint(float* smem_dst, const float* gmem_src, uint64_t pol) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t pol) {
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
                : "memory");
@@ -387,6 +392,9 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) 
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
 }
+__device__ __forceinline__ void cp_async4_hint(float* smem_dst, const float* gmem_src, uint64_t) {
+  cp_async4(smem_dst, gmem_src);
+}
 __device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t) {
   cp_async4_sa(d, gmem_src);
 }
@@ -403,17 +411,24 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 
 // Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
 // per thread <= 65536 / (128 * blocks)). Ratio 1 fits 7 blocks (the shared-memory limit too: 30
-// KiB per block): v4/mxfp8/plain in 72 registers without spills, nvfp4 (warp writer) in 72 with
-// 12 bytes of spills, which measured faster than 6 blocks (80 registers, no spills) and 5 (96):
-// 256K 208-210 vs 211 vs 215 us (session 4). Overridable at build time for measurements.
-// Ratio-1 streaming measurement knobs: EARLY_ROWS issues the first kRowsAhead rows of a chunk
-// before its metadata round (the row of token t needs no metadata); ROPE_EVICT_LAST copies the
-// RoPE table entries with an L2 evict-last policy.
+// KiB per block): every record in 72 registers without spills (nvfp4's warp writer spilled 8-12
+// bytes in some builds of the knobs below, and 7 blocks still measured faster than 6 blocks (80
+// registers) and 5 (96): 256K 208-210 vs 211 vs 215 us, session 4). Overridable at build time.
+// RoPE table entries are copied with an L2 evict-last policy (ratio 1 and ratio 2 knobs, default
+// on): every request reads the row of each of its positions, the 16 requests of a 256K prefill
+// reach a position at different times, and in between tens of MB of kv rows stream through L2;
+// with the default policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of
+// DRAM reads for 549 MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us).
+// EARLY_ROWS (measurement knob, default off): the first kRowsAhead rows of a ratio-1 chunk copied
+// before its metadata round (v4 -0.3%, nvfp4 +9% in one run: off).
 #ifndef DSV41KV_R1_EARLY_ROWS
-#define DSV41KV_R1_EARLY_ROWS 1
+#define DSV41KV_R1_EARLY_ROWS 0
 #endif
 #ifndef DSV41KV_R1_ROPE_EVICT_LAST
-#define DSV41KV_R1_ROPE_EVICT_LAST 0
+#define DSV41KV_R1_ROPE_EVICT_LAST 1
+#endif
+#ifndef DSV41KV_R2_ROPE_EVICT_LAST
+#define DSV41KV_R2_ROPE_EVICT_LAST 1
 #endif
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
@@ -522,8 +537,14 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         const float* trow = shflptr(role_trow, j);
         if (trow != nullptr) {
           float* dst = rs_slot[slot];
+#if DSV41KV_R2_ROPE_EVICT_LAST
+          const uint64_t pol = l2_policy_evict_last();
+          cp_async4_hint(dst + lane, trow + lane, pol);
+          cp_async4_hint(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane, pol);
+#else
           cp_async4(dst + lane, trow + lane);
           cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
+#endif
         }
       }
     };
