@@ -419,11 +419,6 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 // reach a position at different times, and in between tens of MB of kv rows stream through L2;
 // with the default policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of
 // DRAM reads for 549 MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us).
-// EARLY_ROWS (measurement knob, default off): the first kRowsAhead rows of a ratio-1 chunk copied
-// before its metadata round (v4 -0.3%, nvfp4 +9% in one run: off).
-#ifndef DSV41KV_R1_EARLY_ROWS
-#define DSV41KV_R1_EARLY_ROWS 0
-#endif
 #ifndef DSV41KV_R1_ROPE_EVICT_LAST
 #define DSV41KV_R1_ROPE_EVICT_LAST 1
 #endif
@@ -504,19 +499,6 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   };
   for (int64_t first = lo; first < hi; first += C) {
     const int64_t n = hi - first < C ? hi - first : C;  // programs in the chunk
-#if DSV41KV_R1_EARLY_ROWS
-    if constexpr (R == 1) {
-      // The rows of the chunk's first kRowsAhead programs (tokens first + j < N) go out before
-      // the metadata round, one commit group each (empty past the chunk): a warp's first row no
-      // longer waits for a dependent round trip. A program that turns out to have nothing to do
-      // (slot < 0) just leaves its copied row unread.
-#pragma unroll
-      for (int j = 0; j < kRowsAhead; ++j) {
-        if (j < n) copy_row(first + j, j);
-        cp_async_commit();
-      }
-    }
-#endif
 
     // metadata of the whole chunk, one program per lane
     int64_t role_t = -1, role_slot = -1, role_row = 0;
@@ -593,14 +575,6 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         copy_rope(j, slot);
         cp_async_commit();
       };
-#if DSV41KV_R1_EARLY_ROWS
-      // the rows of programs 0 .. kRowsAhead-1 are in flight (kRowsAhead groups); their RoPE
-      // entries follow in one more group, which iteration 0 waits for (see the wait below)
-  #pragma unroll
-      for (int j = 0; j < kRowsAhead; ++j)
-        if (j < nn) copy_rope(j, j);
-      cp_async_commit();
-#else
       // exactly kRowsAhead groups before the loop (empty ones past the chunk), so that the wait
       // of iteration i (all but the newest kRowsAhead groups) covers program i's group
   #pragma unroll
@@ -608,24 +582,14 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         if (j < nn) copy(j, j);
         else cp_async_commit();
       }
-#endif
       int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
       for (int i = 0; i < nn; ++i) {
         // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
         // process_warp
         if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
         else cp_async_commit();
-#if DSV41KV_R1_EARLY_ROWS
-        // groups: rows 0 .. kRowsAhead-1, the RoPE group of programs 0 .. kRowsAhead-1, then
-        // one per iteration (program i + kRowsAhead): iteration 0 leaves only its own newest
-        // group pending (so the RoPE group has landed); from iteration 1 on the newest
-        // kRowsAhead groups are later than every copy of program i
-        if (i == 0) cp_async_wait<1>();
-        else cp_async_wait<kRowsAhead>();
-#else
         cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
-#endif
-        __syncwarp();  // ... and every lane's, visible to the warp
+        __syncwarp();                  // ... and every lane's, visible to the warp
         const int64_t t = shfl64(role_t, i);
         const int64_t pg = shfl64(role_page, i);
         const int64_t ir = shfl64(role_r, i);
