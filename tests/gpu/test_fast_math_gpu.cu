@@ -134,27 +134,6 @@ __global__ void shortcut_sweep_kernel(unsigned long long* bad) {
     if (b[i]) atomicAdd(&bad[i], b[i]);
 }
 
-class FastMathGpu : public GpuTest {};
-
-TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
-  unsigned long long* cnt;
-  uint32_t* first;
-  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
-  GPU_CHECK(cudaMalloc(&first, sizeof *first));
-  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
-  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
-  e4m3_exhaustive_kernel<<<2048, 256>>>(cnt, first);
-  GPU_CHECK(cudaGetLastError());
-  unsigned long long n = 0;
-  uint32_t f = 0;
-  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
-  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(n, 0ull) << "first mismatching bit pattern 0x" << std::hex << f
-                     << " (rebuild with -DDSV41KV_CUDA_SOFT_FP8=1 to use the software encoder)";
-  cudaFree(cnt);
-  cudaFree(first);
-}
-
 __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* first_w) {
   const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
   float thr[7];
@@ -177,40 +156,59 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
   }
 }
 
-TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
-  unsigned long long* cnt;
-  uint32_t* first;
-  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
-  GPU_CHECK(cudaMalloc(&first, sizeof *first));
-  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
-  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
-  e2m1_bf16x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first);
+class FastMathGpu : public GpuTest {};
+
+// A sweep's outcome: how many inputs mismatched and the smallest mismatching input (bit
+// pattern or packed word; all ones when none).
+struct SweepResult {
+  unsigned long long mismatches = ~0ull;  // stays non-zero unless the sweep ran and came back
+  uint32_t first = 0;
+};
+
+// Runs `launch(count, first)` (one sweep kernel launch) on a zeroed device counter and a
+// first-mismatch slot of all ones, and downloads both into `out`. Call it under
+// ASSERT_NO_FATAL_FAILURE: a failing CUDA call ends the test.
+template <class Launch>
+void run_sweep(Launch&& launch, SweepResult& out) {
+  struct DevWords {
+    unsigned long long* cnt = nullptr;
+    uint32_t* first = nullptr;
+    ~DevWords() {
+      cudaFree(cnt);
+      cudaFree(first);
+    }
+  } d;
+  GPU_CHECK(cudaMalloc(&d.cnt, sizeof *d.cnt));
+  GPU_CHECK(cudaMalloc(&d.first, sizeof *d.first));
+  GPU_CHECK(cudaMemset(d.cnt, 0, sizeof *d.cnt));
+  GPU_CHECK(cudaMemset(d.first, 0xFF, sizeof *d.first));
+  launch(d.cnt, d.first);
   GPU_CHECK(cudaGetLastError());
-  unsigned long long n = 0;
-  uint32_t f = 0;
-  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
-  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(n, 0ull) << "first mismatching packed word 0x" << std::hex << f;
-  cudaFree(cnt);
-  cudaFree(first);
+  GPU_CHECK(cudaMemcpy(&out.mismatches, d.cnt, sizeof out.mismatches, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(&out.first, d.first, sizeof out.first, cudaMemcpyDeviceToHost));
+}
+
+TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(run_sweep(
+      [](unsigned long long* cnt, uint32_t* first) { e4m3_exhaustive_kernel<<<2048, 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching bit pattern 0x" << std::hex << r.first
+                                << " (rebuild with -DDSV41KV_CUDA_SOFT_FP8=1 to use the software encoder)";
+}
+
+TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(run_sweep(
+      [](unsigned long long* cnt, uint32_t* first) { e2m1_bf16x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first); },
+      r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching packed word 0x" << std::hex << r.first;
 }
 
 TEST_F(FastMathGpu, E2m1WithoutDivisionEqualsDivision) {
-  unsigned long long* cnt;
-  uint32_t* first;
-  GPU_CHECK(cudaMalloc(&cnt, sizeof *cnt));
-  GPU_CHECK(cudaMalloc(&first, sizeof *first));
-  GPU_CHECK(cudaMemset(cnt, 0, sizeof *cnt));
-  GPU_CHECK(cudaMemset(first, 0xFF, sizeof *first));
-  e2m1_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first);
-  GPU_CHECK(cudaGetLastError());
-  unsigned long long n = 0;
-  uint32_t f = 0;
-  GPU_CHECK(cudaMemcpy(&n, cnt, sizeof n, cudaMemcpyDeviceToHost));
-  GPU_CHECK(cudaMemcpy(&f, first, sizeof f, cudaMemcpyDeviceToHost));
-  EXPECT_EQ(n, 0ull) << "first mismatching value bits 0x" << std::hex << f;
-  cudaFree(cnt);
-  cudaFree(first);
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(run_sweep(
+      [](unsigned long long* cnt, uint32_t* first) { e2m1_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching value bits 0x" << std::hex << r.first;
 }
 
 TEST_F(FastMathGpu, Pool2FastEqualsPool2) {
