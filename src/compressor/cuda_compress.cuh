@@ -943,9 +943,11 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 // (16; cuda_tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
 // the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
 // v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
-// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (docs/perf-notes.md v13, session 4).
-// Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with 8 (512 blocks = 1.3 waves of
-// 396 resident blocks where 16 makes one partial wave); 32K ratio 1 widens its grid anyway.
+// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (and with its warp writer 215 -> 219-221;
+// docs/perf-notes.md v13, v14). Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with
+// 8 (512 blocks = 1.3 waves of 396 resident blocks where 16 makes one partial wave); 32K ratio 1
+// widens its grid anyway.
+
 // Blocks of compress_stream_kernel<R, F, C> (128 threads) that the current device runs at
 // once: SMs x resident blocks per SM (3 to 7 depending on R and F), queried once per kernel and
 // device and cached (host-only queries, legal during stream capture). One cache per template
