@@ -291,11 +291,13 @@ double median(std::vector<double> v) {
 //    enqueued back to back without a host synchronisation, each between its own pair of events,
 //    and eager (prefill) repetitions are each preceded by an L2 flush (a 256 MiB memset) outside
 //    their events. The GPU is never idle waiting for the host, so an event pair times the work
-//    and not the host's launch latency, and the previous repetition's dirty cache lines are
-//    written back during the flush, as in the baseline's measurements.
+//    and not the host's launch latency; the flush evicts the previous repetition's lines, and
+//    the flush's own dirty lines are written back during the timed work, as they were in the
+//    baseline's measurements.
 //  kSync: each repetition alone: record, launch, record, synchronise; no flush (the method of
-//    the measurements before 2026-11-29 session 4; it adds the launch latency of one submission
-//    and the write-back of the previous repetition's records to every eager repetition).
+//    the measurements before 2026-11-29 session 4: the host's launch latency is inside the
+//    events and the previous repetition's lines are still in L2; at 256K within 0.5% of
+//    kDoBench in one device run).
 enum class Timing { kDoBench, kSync };
 Timing g_timing = Timing::kDoBench;
 constexpr size_t kL2FlushBytes = size_t{256} << 20;
