@@ -343,33 +343,20 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
   __shared__ __align__(16) float rows[4][kRowsAhead + 1][kPooledFloats];
   return rows[warp];
 }
-// 4- and 16-byte asynchronous global -> shared copies (sm_80+), their commit and wait (this
-// thread's copies). Builds for older architectures copy synchronously (same results).
+// Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
+// 16 bytes bypassing L1 (the kv rows), 4 bytes with an L2 eviction policy (the RoPE table
+// entries, see kStreamMinBlocks' note). Builds for older architectures copy synchronously (same
+// results). `_sa` forms take a 32-bit shared-window address, the others a generic pointer.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(d), "l"(gmem_src) : "memory");
-}
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
-// 4-byte copy with an L2 eviction policy (createpolicy): the RoPE table rows, which every
-// request reads again at the same positions
-__device__ __forceinline__ void cp_async4_hint(float* smem_dst, const float* gmem_src, uint64_t pol) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t pol) {
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
                : "memory");
 }
-__device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t pol) {
-  asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
-               : "memory");
+__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src, uint64_t pol) {
+  cp_async4_sa(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, pol);
 }
 __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   uint64_t pol;
@@ -382,22 +369,13 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 #else
-__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) { *smem_dst = *gmem_src; }
-__device__ __forceinline__ void cp_async16(float* smem_dst, const float* gmem_src) {
-  *reinterpret_cast<float4*>(smem_dst) = *reinterpret_cast<const float4*>(gmem_src);
-}
-__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src) {
-  *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
-}
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
 }
-__device__ __forceinline__ void cp_async4_hint(float* smem_dst, const float* gmem_src, uint64_t) {
-  cp_async4(smem_dst, gmem_src);
+__device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t) {
+  *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
 }
-__device__ __forceinline__ void cp_async4_sa_hint(uint32_t d, const float* gmem_src, uint64_t) {
-  cp_async4_sa(d, gmem_src);
-}
+__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src, uint64_t) { *smem_dst = *gmem_src; }
 __device__ __forceinline__ uint64_t l2_policy_evict_last() { return 0; }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
@@ -412,19 +390,13 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 // Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
 // per thread <= 65536 / (128 * blocks)). Ratio 1 fits 7 blocks (the shared-memory limit too: 30
 // KiB per block): every record in 72 registers without spills (nvfp4's warp writer spilled 8-12
-// bytes in some builds of the knobs below, and 7 blocks still measured faster than 6 blocks (80
+// bytes in some earlier builds, and 7 blocks still measured faster than 6 blocks (80
 // registers) and 5 (96): 256K 208-210 vs 211 vs 215 us, session 4). Overridable at build time.
-// RoPE table entries are copied with an L2 evict-last policy (ratio 1 and ratio 2 knobs, default
-// on): every request reads the row of each of its positions, the 16 requests of a 256K prefill
-// reach a position at different times, and in between tens of MB of kv rows stream through L2;
-// with the default policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of
-// DRAM reads for 549 MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us).
-#ifndef DSV41KV_R1_ROPE_EVICT_LAST
-#define DSV41KV_R1_ROPE_EVICT_LAST 1
-#endif
-#ifndef DSV41KV_R2_ROPE_EVICT_LAST
-#define DSV41KV_R2_ROPE_EVICT_LAST 1
-#endif
+// RoPE table entries are copied with an L2 evict-last policy (both ratios): every request reads
+// the row of each of its positions, the 16 requests of a 256K prefill reach a position at
+// different times, and in between tens of MB of kv rows stream through L2; with the default
+// policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of DRAM reads for 549
+// MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us; ratio 2 -2%).
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
 #endif
@@ -482,21 +454,14 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     lo = w * p.N / W;
     hi = (w + 1) * p.N / W;
   }
-  // ratio 1: the warp's shared ring of rows (kRowsAhead + 1 slots, see below)
+  // ratio 1: the warp's shared ring of rows (kRowsAhead + 1 slots, see the chunk loop), its
+  // addresses computed once per warp
   uint32_t rows_sa = 0, row_dst_lane = 0;
   if constexpr (R == 1) {
     const unsigned ul = static_cast<unsigned>(lane);
     rows_sa = smem_address(smem_rows<R>(warp)[0]);
     row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
   }
-  constexpr uint32_t kRowBytes = kPooledFloats * 4;
-  // issues the cp.async copies of token t's row into ring slot `slot` (lane: dims 4*lane + 128*k)
-  auto copy_row = [&](int64_t t, int slot) {
-    const float* src = (p.kv + t * p.kv_stride) + 4 * lane;
-    const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
-#pragma unroll
-    for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
-  };
   for (int64_t first = lo; first < hi; first += C) {
     const int64_t n = hi - first < C ? hi - first : C;  // programs in the chunk
 
@@ -519,14 +484,9 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         const float* trow = shflptr(role_trow, j);
         if (trow != nullptr) {
           float* dst = rs_slot[slot];
-#if DSV41KV_R2_ROPE_EVICT_LAST
           const uint64_t pol = l2_policy_evict_last();
-          cp_async4_hint(dst + lane, trow + lane, pol);
-          cp_async4_hint(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane, pol);
-#else
-          cp_async4(dst + lane, trow + lane);
-          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane);
-#endif
+          cp_async4(dst + lane, trow + lane, pol);
+          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane, pol);
         }
       }
     };
@@ -545,33 +505,32 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
       // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
       // addresses computed once (PooledSmem).
-      constexpr uint32_t kRopeBytes = kRopeDim * 4;
+      constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
       constexpr int kSlots = kRowsAhead + 1;
       const unsigned ul = static_cast<unsigned>(lane);
       const uint32_t rope_sa = smem_address(rs_slot[0]);
-#if DSV41KV_R1_ROPE_EVICT_LAST
       const uint64_t rope_policy = l2_policy_evict_last();
-#endif
       // the RoPE entries of program j's insert into rope slot `slot` (nothing without an insert)
       auto copy_rope = [&](int j, int slot) {
         if constexpr (F != kNoRecord) {
           const float* trow = shflptr(role_trow, j);
           if (trow != nullptr) {
             const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
-#if DSV41KV_R1_ROPE_EVICT_LAST
-            cp_async4_sa_hint(dst, trow + lane, rope_policy);
-            cp_async4_sa_hint(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane, rope_policy);
-#else
-            cp_async4_sa(dst, trow + lane);
-            cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane);
-#endif
+            cp_async4_sa(dst, trow + lane, rope_policy);
+            cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane, rope_policy);
           }
         }
       };
-      // program j's row (when it has a token) and RoPE entries, one commit group
+      // program j's row (when it has a token; lane: dims 4*lane + 128*k) and RoPE entries, one
+      // commit group
       auto copy = [&](int j, int slot) {
         const int64_t tj = shfl64(role_t, j);
-        if (tj >= 0) copy_row(tj, slot);
+        if (tj >= 0) {
+          const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
+          const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
+  #pragma unroll
+          for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+        }
         copy_rope(j, slot);
         cp_async_commit();
       };
