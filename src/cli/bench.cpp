@@ -113,6 +113,20 @@ const Workload kWorkloads[] = {{"decode256", 256, 1, true},
 const RecordFormat kBenchFormats[] = {RecordFormat::V4_584, RecordFormat::MXFP8_528,
                                       RecordFormat::NVFP4_288};
 
+// The bench's flags (see add_bench).
+struct BenchOptions {
+  bool json = false;
+  int iters = 50;
+  std::string baseline;             // vLLM baseline JSON ("" = embedded)
+  std::string only;                 // one workload ("" = all)
+  int program_warps = 0;            // detail::cuda::set_program_warps_override
+  int stream_chunk = 0;             // detail::cuda::set_stream_chunk_override
+  std::string timing = "do_bench";  // do_bench | sync (Timing)
+  std::string decode_buffers = "per-layer";
+  bool pdl = false;
+  bool pdl_early_metadata = false;
+};
+
 #if defined(DSV41KV_WITH_CUDA)
 
 constexpr int kDecodeLayers = 16;  // graph nodes per replay (decode), one per layer
@@ -299,68 +313,83 @@ double median(std::vector<double> v) {
 //    events and the previous repetition's lines are still in L2; at 256K within 0.5% of
 //    kDoBench in one device run).
 enum class Timing { kDoBench, kSync };
-Timing g_timing = Timing::kDoBench;
 constexpr size_t kL2FlushBytes = size_t{256} << 20;
 
-// Median time (ms) of `fn` (which enqueues on `st`) over iters, after warm-up; `flush` (may be
-// null): the L2 flush buffer, cleared before every repetition in the do_bench timing.
-template <class F>
-double time_eager(cudaStream_t st, int iters, F&& fn, Dev<uint8_t>* flush = nullptr) {
-  const bool sync = g_timing == Timing::kSync;
-  auto clear_l2 = [&] {
-    if (flush != nullptr && !sync) ck(cudaMemsetAsync(flush->p, 0, flush->n, st), "L2 flush");
-  };
-  for (int i = 0; i < 3; ++i) {
-    clear_l2();
-    fn();
-  }
-  ck(cudaStreamSynchronize(st), "sync");
-  std::vector<cudaEvent_t> a(static_cast<size_t>(iters)), b(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    ck(cudaEventCreate(&a[static_cast<size_t>(i)]), "event");
-    ck(cudaEventCreate(&b[static_cast<size_t>(i)]), "event");
-  }
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    clear_l2();
-    ck(cudaEventRecord(a[static_cast<size_t>(i)], st), "record");
-    fn();
-    ck(cudaEventRecord(b[static_cast<size_t>(i)], st), "record");
-    if (sync) ck(cudaEventSynchronize(b[static_cast<size_t>(i)]), "sync");
-  }
-  ck(cudaStreamSynchronize(st), "sync");
-  for (int i = 0; i < iters; ++i) {
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, a[static_cast<size_t>(i)], b[static_cast<size_t>(i)]), "elapsed");
-    ms.push_back(t);
-    cudaEventDestroy(a[static_cast<size_t>(i)]);
-    cudaEventDestroy(b[static_cast<size_t>(i)]);
-  }
-  return median(ms);
-}
+// Times work enqueued on one stream the chosen way: median ms over `iters` repetitions after
+// three warm-up runs.
+class Timer {
+ public:
+  Timer(cudaStream_t st, int iters, Timing timing)
+      : st_(st), iters_(iters), sync_(timing == Timing::kSync),
+        flush_(sync_ ? Dev<uint8_t>() : Dev<uint8_t>(kL2FlushBytes)) {}
 
-// Captures `fn(layer)` for every layer into one graph; median replay time / layers (ms).
-template <class F>
-double time_graph(cudaStream_t st, int iters, int layers, F&& fn) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  ck(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture");
-  for (int l = 0; l < layers; ++l) fn(l);
-  ck(cudaStreamEndCapture(st, &g), "end capture");
-  ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
-  const double ms = time_eager(st, iters, [&] { ck(cudaGraphLaunch(ge, st), "graph launch"); });
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return ms / layers;
-}
+  // `fn` enqueues the work; with flush_l2 each do_bench repetition is preceded by the L2 flush;
+  // at least `min_iters` repetitions.
+  template <class F>
+  double eager(F&& fn, bool flush_l2, int min_iters = 1) {
+    auto clear_l2 = [&] {
+      if (flush_l2 && !sync_) ck(cudaMemsetAsync(flush_.p, 0, flush_.n, st_), "L2 flush");
+    };
+    for (int i = 0; i < 3; ++i) {
+      clear_l2();
+      fn();
+    }
+    ck(cudaStreamSynchronize(st_), "sync");
+    const size_t n = static_cast<size_t>(std::max(iters_, min_iters));
+    std::vector<cudaEvent_t> a(n), b(n);
+    for (size_t i = 0; i < n; ++i) {
+      ck(cudaEventCreate(&a[i]), "event");
+      ck(cudaEventCreate(&b[i]), "event");
+    }
+    for (size_t i = 0; i < n; ++i) {
+      clear_l2();
+      ck(cudaEventRecord(a[i], st_), "record");
+      fn();
+      ck(cudaEventRecord(b[i], st_), "record");
+      if (sync_) ck(cudaEventSynchronize(b[i]), "sync");
+    }
+    ck(cudaStreamSynchronize(st_), "sync");
+    std::vector<double> ms;
+    for (size_t i = 0; i < n; ++i) {
+      float t = 0;
+      ck(cudaEventElapsedTime(&t, a[i], b[i]), "elapsed");
+      ms.push_back(t);
+      cudaEventDestroy(a[i]);
+      cudaEventDestroy(b[i]);
+    }
+    return median(ms);
+  }
 
-double copy_bandwidth(cudaStream_t st, int iters, Dev<uint8_t>& flush) {
+  // Captures `fn(layer)` for every layer into one graph; median replay time / layers (no flush:
+  // triton's do_bench_cudagraph replays without one either).
+  template <class F>
+  double graph(int layers, F&& fn) {
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    ck(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal), "capture");
+    for (int l = 0; l < layers; ++l) fn(l);
+    ck(cudaStreamEndCapture(st_, &g), "end capture");
+    ck(cudaGraphInstantiate(&ge, g, 0), "instantiate");
+    const double ms = eager([&] { ck(cudaGraphLaunch(ge, st_), "graph launch"); }, false);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return ms / layers;
+  }
+
+ private:
+  cudaStream_t st_;
+  int iters_;
+  bool sync_;
+  Dev<uint8_t> flush_;  // the L2 flush buffer (do_bench timing only)
+};
+
+double copy_bandwidth(cudaStream_t st, Timer& timer) {
   const size_t bytes = size_t{2} << 30;
   Dev<uint8_t> src(bytes), dst(bytes);
   ck(cudaMemset(src.p, 1, bytes), "memset");
-  const double ms = time_eager(st, iters, [&] {
+  const double ms = timer.eager([&] {
     ck(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, st), "memcpy");
-  }, &flush);
+  }, true, 5);
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
@@ -379,26 +408,27 @@ struct Row {
   int64_t wrong;
 };
 
-int run_bench(bool json, int iters, const std::string& baseline_path, const std::string& only,
-              bool shared_decode_buffers, bool pdl, bool pdl_early_metadata) {
+int run_bench(const BenchOptions& o) {
+  const bool shared_decode_buffers = o.decode_buffers == "shared";
+  const Timing timing = o.timing == "sync" ? Timing::kSync : Timing::kDoBench;
   if (!cuda_device_available()) {
     std::fprintf(stderr, "dsv41kv bench: %s\n", cuda_device_description().c_str());
     return 2;
   }
-  const Baseline base = baseline_path.empty() ? Baseline{} : load_baseline(baseline_path);
+  const Baseline base = o.baseline.empty() ? Baseline{} : load_baseline(o.baseline);
   cudaStream_t st;
   ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
   ExecContext ctx;
   ctx.stream = st;
-  ctx.programmatic_launch = pdl;
-  ctx.pdl_early_metadata = pdl_early_metadata;  // every layer's metadata is uploaded before timing
-  Dev<uint8_t> flush(kL2FlushBytes);
-  const double copy_GBps = copy_bandwidth(st, std::max(iters, 5), flush);
+  ctx.programmatic_launch = o.pdl;
+  ctx.pdl_early_metadata = o.pdl_early_metadata;  // every layer's metadata is uploaded before timing
+  Timer timer(st, o.iters, timing);
+  const double copy_GBps = copy_bandwidth(st, timer);
   std::mt19937_64 rng(20261129);
   std::vector<Row> rows;
   int64_t total_wrong = 0;
   for (const Workload& w : kWorkloads) {
-    if (!only.empty() && only != w.name) continue;
+    if (!o.only.empty() && o.only != w.name) continue;
     for (int ratio : {1, 2}) {
       const Inputs in = make_inputs(w, ratio, rng);
       const BaselineRow* br = base.find(ratio, w.name);
@@ -438,11 +468,11 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
         total_wrong += wrong;
         double t_fused, t_sep;
         if (w.decode) {
-          t_fused = time_graph(st, iters, layers, fused);
-          t_sep = time_graph(st, iters, layers, separate);
+          t_fused = timer.graph(layers, fused);
+          t_sep = timer.graph(layers, separate);
         } else {
-          t_fused = time_eager(st, iters, [&] { fused(0); }, &flush);
-          t_sep = time_eager(st, iters, [&] { separate(0); }, &flush);
+          t_fused = timer.eager([&] { fused(0); }, true);
+          t_sep = timer.eager([&] { separate(0); }, true);
         }
         double vllm = 0.0;
         if (br) {
@@ -470,19 +500,19 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
   }
   cudaStreamDestroy(st);
 
-  if (json) {
+  if (o.json) {
     nlohmann::json j;
     j["device"] = cuda_device_description();
     j["copy_GBps"] = copy_GBps;
     j["baseline_copy_GBps"] = base.copy_GBps;
-    j["iters"] = iters;
+    j["iters"] = o.iters;
     j["decode_layers_per_graph"] = kDecodeLayers;
     j["decode_buffers"] = shared_decode_buffers ? "shared" : "per-layer";
-    j["programmatic_launch"] = pdl;
-    j["pdl_early_metadata"] = pdl && pdl_early_metadata;
+    j["programmatic_launch"] = o.pdl;
+    j["pdl_early_metadata"] = o.pdl && o.pdl_early_metadata;
     j["program_warps"] = detail::cuda::program_warps_override();
     j["stream_chunk"] = detail::cuda::stream_chunk_override();
-    j["timing"] = g_timing == Timing::kSync ? "sync" : "do_bench";
+    j["timing"] = o.timing;
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
       j["rows"].push_back({{"workload", r.workload}, {"ratio", r.ratio}, {"record", r.record},
@@ -504,12 +534,12 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
                  100.0 * r.copy_fraction, r.vllm_ms * 1e3, r.speedup, r.wrong);
     fmt::print("decode rows: per layer, {} layers per CUDA graph replay ({}); vllm = fused_ms + insert_ms of the baseline\n",
                kDecodeLayers, shared_decode_buffers ? "one buffer set shared by every layer" : "each layer its own buffers");
-    fmt::print("timing: {}\n", g_timing == Timing::kSync
+    fmt::print("timing: {}\n", timing == Timing::kSync
                                    ? "sync (each repetition alone, launch latency included, no L2 flush)"
                                    : "do_bench (repetitions back to back; prefill: L2 flush before each, outside the events)");
-    if (pdl)
+    if (o.pdl)
       fmt::print("compress launches with programmatic dependent launch (--pdl){}\n",
-                 pdl_early_metadata ? ", metadata read before the grid dependency (--pdl-early-metadata)" : "");
+                 o.pdl_early_metadata ? ", metadata read before the grid dependency (--pdl-early-metadata)" : "");
   }
   return total_wrong == 0 ? 0 : 1;
 }
@@ -521,43 +551,34 @@ int run_bench(bool json, int iters, const std::string& baseline_path, const std:
 void add_bench(CLI::App& app, int& exit_code) {
   auto* cmd = app.add_subcommand("bench", "time the CUDA write path on the baseline workloads");
   static std::string device = "cuda";
-  static bool json = false;
-  static int iters = 50;
-  static std::string baseline;
-  static std::string only;
-  static int program_warps = 0;
-  static int stream_chunk = 0;
-  static std::string timing = "do_bench";
-  static std::string decode_buffers = "per-layer";
-  static bool pdl = false;
-  static bool pdl_early = false;
+  static BenchOptions o;
   cmd->add_option("--device", device, "cuda (the CPU path is benchmarked by bench/)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
-  cmd->add_flag("--json", json, "print JSON instead of a table");
-  cmd->add_option("--iters", iters, "timed repetitions per measurement (median)")->check(CLI::Range(1, 100000));
-  cmd->add_option("--baseline", baseline, "vLLM baseline JSON (default: the embedded H200 figures)");
-  cmd->add_option("--workload", only, "run one workload only")
+  cmd->add_flag("--json", o.json, "print JSON instead of a table");
+  cmd->add_option("--iters", o.iters, "timed repetitions per measurement (median)")->check(CLI::Range(1, 100000));
+  cmd->add_option("--baseline", o.baseline, "vLLM baseline JSON (default: the embedded H200 figures)");
+  cmd->add_option("--workload", o.only, "run one workload only")
       ->check(CLI::IsMember({"decode256", "prefill32k", "prefill256k"}));
-  cmd->add_option("--program-warps", program_warps,
+  cmd->add_option("--program-warps", o.program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));
-  cmd->add_option("--stream-chunk", stream_chunk,
+  cmd->add_option("--stream-chunk", o.stream_chunk,
                   "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16")
       ->check(CLI::IsMember({0, 8, 16}));
-  cmd->add_option("--timing", timing,
+  cmd->add_option("--timing", o.timing,
                   "do_bench (default: the baseline's method, triton.testing.do_bench: repetitions back to "
                   "back, an L2 flush before each prefill repetition) or sync (each repetition alone)")
       ->check(CLI::IsMember({"do_bench", "sync"}))
       ->capture_default_str();
-  cmd->add_option("--decode-buffers", decode_buffers,
+  cmd->add_option("--decode-buffers", o.decode_buffers,
                   "decode graph: per-layer (each of the 16 nodes its own buffers, default) or shared "
                   "(every node the same buffers, as the baseline's do_bench replays one kernel)")
       ->check(CLI::IsMember({"per-layer", "shared"}))
       ->capture_default_str();
-  cmd->add_flag("--pdl", pdl,
+  cmd->add_flag("--pdl", o.pdl,
                 "launch the compress kernels with programmatic dependent launch "
                 "(ExecContext::programmatic_launch)");
-  cmd->add_flag("--pdl-early-metadata", pdl_early,
+  cmd->add_flag("--pdl-early-metadata", o.pdl_early_metadata,
                 "with --pdl: ExecContext::pdl_early_metadata (the bench uploads all metadata before timing)");
   cmd->callback([&exit_code] {
     if (device != "cuda") {
@@ -566,24 +587,16 @@ void add_bench(CLI::App& app, int& exit_code) {
       exit_code = 2;
       return;
     }
-    if (pdl_early && !pdl) {
+    if (o.pdl_early_metadata && !o.pdl) {
       std::fprintf(stderr, "dsv41kv bench: --pdl-early-metadata needs --pdl\n");
       exit_code = 2;
       return;
     }
 #if defined(DSV41KV_WITH_CUDA)
-    detail::cuda::set_program_warps_override(program_warps);
-    detail::cuda::set_stream_chunk_override(stream_chunk);
-    g_timing = timing == "sync" ? Timing::kSync : Timing::kDoBench;
-    exit_code = run_bench(json, iters, baseline, only, decode_buffers == "shared", pdl, pdl_early);
+    detail::cuda::set_program_warps_override(o.program_warps);
+    detail::cuda::set_stream_chunk_override(o.stream_chunk);
+    exit_code = run_bench(o);
 #else
-    (void)json;
-    (void)program_warps;
-    (void)stream_chunk;
-    (void)timing;
-    (void)decode_buffers;
-    (void)pdl;
-    (void)pdl_early;
     std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());
     exit_code = 2;
 #endif
