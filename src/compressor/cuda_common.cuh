@@ -539,11 +539,14 @@ __device__ __forceinline__ uint8_t ue8m0_thread(const float (&v)[E], float amax,
 
 // The NVFP4 scale of a finite tile with the given amax (num::nvfp4_quantize_tile): the e4m3
 // scale byte and the e2m1 decision thresholds (e2m1_thresholds) of its decoded value.
-__device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
+__device__ __forceinline__ uint8_t nv_tile_scale_byte(float amax) {
   float t = num::mul_rn(amax, num::u2f(num::kInv6Bits));
   const float lo = 1.0f / 512.0f;
   t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
-  const uint8_t sb = static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
+  return static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
+}
+__device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
+  const uint8_t sb = nv_tile_scale_byte(amax);
   e2m1_thresholds(num::e4m3_decode(sb), thr);
   return sb;
 }
@@ -573,6 +576,41 @@ DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
   for (int k = 0; k < 7; ++k) thr[k] = num::u2f(T2[k] << 16);
   return static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w << 16), thr)) |
          (static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w & 0xFFFF0000u), thr)) << 16);
+#endif
+}
+
+// The e2m1 decision thresholds of an e4m3 scale byte `sb` as bf16 pairs (T2 of
+// e2m1_codes_bf16x2): c_k * sd for c = 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (e2m1_thresholds), each
+// product computed in bf16x2 directly: c_k has at most 3 significant bits and sd = e4m3(sb) at
+// most 4, so the product (<= 7 bits, 2^-11 .. 2240) is exact in bf16 and equals the fp32
+// threshold, whose bf16 bits e2m1_codes_bf16x2 needs (one multiply per threshold instead of an
+// fp32 multiply, a shift and a duplication).
+DSV41KV_HD void e2m1_thresholds_bf16x2(uint8_t sb, uint32_t (&T2)[7]) {
+  constexpr uint32_t kC2[7] = {0x3E803E80u, 0x3F403F40u, 0x3FA03FA0u, 0x3FE03FE0u,
+                               0x40204020u, 0x40604060u, 0x40A040A0u};
+  const uint32_t sd2 = (num::f2u(num::e4m3_decode(sb)) >> 16) * 0x00010001u;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#pragma unroll
+  for (int k = 0; k < 7; ++k) asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(T2[k]) : "r"(kC2[k]), "r"(sd2));
+#else
+  float thr[7];
+  e2m1_thresholds(num::e4m3_decode(sb), thr);
+  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+#endif
+}
+
+// Eight e2m1 codes in record order from four e2m1_codes_bf16x2 results c[b] (code of value 2b in
+// bits 0-3, of value 2b+1 in bits 16-19): byte b = code(2b) | code(2b+1) << 4. Two pairs share
+// one word (c[0] | c[1] << 8: codes at nibbles 0, 2, 4, 6), the high codes move down next to the
+// low ones (x | x >> 12), and one byte permutation joins the two halves: 7 instructions for 8
+// values instead of 4 per pair.
+DSV41KV_HD uint32_t e2m1_pack8(const uint32_t (&c)[4]) {
+  const uint32_t x01 = c[0] | (c[1] << 8), x23 = c[2] | (c[3] << 8);
+  const uint32_t y01 = x01 | (x01 >> 12), y23 = x23 | (x23 >> 12);
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(y01, y23, 0x5410);
+#else
+  return (y01 & 0xFFFFu) | (y23 << 16);
 #endif
 }
 
@@ -715,18 +753,16 @@ __device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, i
     uint32_t out[2] = {0u, 0u};
     uint8_t sb = 0x7F;
     if (bits_finite(mb)) {
-      float thr[7];
-      sb = nv_tile_scale(num::u2f(mb), thr);
+      sb = nv_tile_scale_byte(num::u2f(mb));
       uint32_t T2[7];
+      e2m1_thresholds_bf16x2(sb, T2);
 #pragma unroll
-      for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+      for (int k = 0; k < 2; ++k) {
+        uint32_t cc[4];
 #pragma unroll
-      for (int k = 0; k < 2; ++k)
-#pragma unroll
-        for (int b = 0; b < 4; ++b) {
-          const uint32_t cc = e2m1_codes_bf16x2(lw[4 * k + b], T2);
-          out[k] |= ((cc & 0xFu) | ((cc >> 12) & 0xF0u)) << (8 * b);
-        }
+        for (int b = 0; b < 4; ++b) cc[b] = e2m1_codes_bf16x2(lw[4 * k + b], T2);
+        out[k] = e2m1_pack8(cc);
+      }
     }
     store_words<2>(val + 8 * lane, out);
     sc[lane] = sb;

@@ -8,7 +8,9 @@
 //   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values;
 //   * e2m1_codes_bf16x2 (packed bf16 decisions, sm_90) vs e2m1_quotient_code: every positive
 //     e4m3 scale and every finite bf16 pattern in each half (64 pairings per low pattern; the
-//     halves are decided independently).
+//     halves are decided independently);
+//   * e2m1_thresholds_bf16x2 (mul.rn.bf16x2) vs the fp32 thresholds' bf16 bits for every
+//     positive e4m3 scale, and e2m1_pack8 (byte permutation) vs the per-pair shifts and masks.
 // Plus host-side versions of the last two (they also run without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -156,6 +158,38 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
   }
 }
 
+// The bf16x2 threshold products (mul.rn.bf16x2 on sm_90) against the fp32 thresholds' bf16
+// bits for every positive e4m3 scale byte, and e2m1_pack8 (byte permutation) against the
+// per-pair shifts and masks it replaced on pseudo-random code words (thread x, 4096 each).
+__global__ void nv_pack_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
+  if (tid >= 1 && tid <= 0x7E) {
+    const auto sb = static_cast<uint8_t>(tid);
+    float thr[7];
+    e2m1_thresholds(num::e4m3_decode(sb), thr);
+    uint32_t T2[7];
+    e2m1_thresholds_bf16x2(sb, T2);
+    for (int k = 0; k < 7; ++k)
+      if (T2[k] != (num::f2u(thr[k]) >> 16) * 0x00010001u) {
+        atomicAdd(mismatches, 1ull);
+        atomicMin(first, tid);
+      }
+  }
+  uint32_t x = tid * 2654435761u + 12345u;
+  for (int j = 0; j < 4096; ++j) {
+    uint32_t c[4], want = 0;
+    for (int b = 0; b < 4; ++b) {
+      x = x * 1664525u + 1013904223u;
+      c[b] = (x >> 8) & 0x000F000Fu;  // codes in bits 0-3 and 16-19, as e2m1_codes_bf16x2
+      want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
+    }
+    if (e2m1_pack8(c) != want) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first, 0x80000000u | tid);
+    }
+  }
+}
+
 class FastMathGpu : public GpuTest {};
 
 // A sweep's outcome: how many inputs mismatched and the smallest mismatching input (bit
@@ -202,6 +236,14 @@ TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
       [](unsigned long long* cnt, uint32_t* first) { e2m1_bf16x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first); },
       r));
   EXPECT_EQ(r.mismatches, 0ull) << "first mismatching packed word 0x" << std::hex << r.first;
+}
+
+TEST_F(FastMathGpu, NvfpThresholdProductsAndNibblePackingEqualTheScalarForms) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(
+      run_sweep([](unsigned long long* cnt, uint32_t* first) { nv_pack_kernel<<<64, 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first failing thread 0x" << std::hex << r.first
+                                << " (bit 31: packing, else the scale byte of a threshold)";
 }
 
 TEST_F(FastMathGpu, E2m1WithoutDivisionEqualsDivision) {
@@ -288,6 +330,40 @@ TEST(FastMathHost, E2m1PackedBf16FallbackEqualsScalar) {
     }
   }
   EXPECT_EQ(bad, 0);
+}
+
+TEST(FastMathHost, NibblePackingEqualsPerPairShifts) {
+  // every code word of pair b alone (the others zero), then pseudo-random combinations
+  int64_t bad = 0;
+  auto check = [&](const uint32_t (&c)[4]) {
+    uint32_t want = 0;
+    for (int b = 0; b < 4; ++b) want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
+    bad += e2m1_pack8(c) != want;
+  };
+  for (int b = 0; b < 4; ++b)
+    for (uint32_t lo = 0; lo < 16; ++lo)
+      for (uint32_t hi = 0; hi < 16; ++hi) {
+        uint32_t c[4] = {0, 0, 0, 0};
+        c[b] = lo | (hi << 16);
+        check(c);
+      }
+  Rng rng(run_seed());
+  for (int i = 0; i < 200000; ++i) {
+    uint32_t c[4];
+    for (auto& v : c)
+      v = static_cast<uint32_t>(rng.integer(0, 15)) | (static_cast<uint32_t>(rng.integer(0, 15)) << 16);
+    check(c);
+  }
+  EXPECT_EQ(bad, 0);
+  // host form of the bf16x2 threshold products: the fp32 thresholds' bf16 bits (the device
+  // form, mul.rn.bf16x2, is checked by FastMathGpu.NvfpThresholdProducts...)
+  for (int sb = 1; sb <= 0x7E; ++sb) {
+    float thr[7];
+    e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
+    uint32_t T2[7];
+    e2m1_thresholds_bf16x2(static_cast<uint8_t>(sb), T2);
+    for (int k = 0; k < 7; ++k) EXPECT_EQ(T2[k], (num::f2u(thr[k]) >> 16) * 0x00010001u) << "scale byte " << sb;
+  }
 }
 
 TEST(FastMathHost, Pool2FastEqualsPool2) {
