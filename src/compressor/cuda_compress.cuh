@@ -435,9 +435,10 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
 
   // This warp's programs [lo, hi), processed in chunks of at most C:
   //   ratio 2: the request program w (w < num_reqs), else pair chunk w - num_reqs;
-  //   ratio 1: an even share of the N token programs over the grid's warps. The grid has at
-  //   least one warp per C programs (launch_compress_stream_c), so a share is at most C programs
-  //   and the chunk loop below runs once; widening a small grid only makes the shares smaller.
+  //   ratio 1: an even share of the N token programs over the grid's warps (stream_share, with
+  //   N / W and N % W from the host). The grid has at least one warp per C programs
+  //   (stream_blocks_r1), so a share is at most C programs and the chunk loop below runs once;
+  //   widening a small grid only makes the shares smaller (CompressorGpuHost.StreamShares...).
   int64_t lo, hi;
   if constexpr (R == 2) {
     if (w < p.num_reqs) {
@@ -450,9 +451,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     lo = p.num_reqs + k0;
     hi = p.num_reqs + (pairs - k0 < C ? pairs : k0 + C);
   } else {
-    const int64_t W = static_cast<int64_t>(gridDim.x) * 4;
-    lo = w * p.N / W;
-    hi = (w + 1) * p.N / W;
+    stream_share(w, p.share_q, p.share_r, lo, hi);
   }
   // ratio 1: the warp's shared ring of rows (kRowsAhead + 1 slots, see the chunk loop), its
   // addresses computed once per warp
@@ -936,21 +935,22 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
   const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
   if (warps <= 0) return;
   int64_t blocks = (warps + 3) / 4;  // one chunk per warp
+  CompressParams q = p;
   if constexpr (R == 1) {
     // A grid of one chunk per warp that leaves slots of the GPU empty (32K tokens: 256 blocks
-    // where 924 fit) is widened up to what fits, down to kMinProgramsPerWarp programs per warp
-    // (the kernel splits the tokens evenly): 41 -> 36 us at 32K. Larger grids keep one chunk per
-    // warp: spreading 256K tokens evenly over the resident warps instead (each warp a long
-    // contiguous stretch) was slower for both ratios (200 -> 206 us ratio 1, 295 -> 322 us ratio
-    // 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same time
-    // on neighbouring rows.
-    constexpr int64_t kMinProgramsPerWarp = 8;
-    const int64_t fit = resident_blocks<R, F, C>();
-    const int64_t wide = (((p.N + kMinProgramsPerWarp - 1) / kMinProgramsPerWarp) + 3) / 4;
-    blocks = std::max(blocks, std::min(wide, fit));
+    // where 924 fit) is widened up to what fits, down to kStreamMinTokensPerWarp tokens per warp
+    // (the kernel splits the tokens evenly, stream_share): 41 -> 36 us at 32K. Larger grids keep
+    // one chunk per warp: spreading 256K tokens evenly over the resident warps instead (each warp
+    // a long contiguous stretch) was slower for both ratios (200 -> 206 us ratio 1, 295 -> 322 us
+    // ratio 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same
+    // time on neighbouring rows.
+    blocks = stream_blocks_r1(p.N, C, resident_blocks<R, F, C>());
+    const int64_t W = 4 * blocks;
+    q.share_q = p.N / W;
+    q.share_r = p.N % W;
   }
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
-                pdl, p);
+                pdl, q);
 }
 
 template <int R, int F>

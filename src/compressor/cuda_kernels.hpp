@@ -43,7 +43,33 @@ struct CompressParams {
   int64_t table_rows = 0;
   const int64_t* ins_slot = nullptr;  // [N]
   CacheDst cache;
+  // ratio-1 streaming kernel only (set by its launcher): N / W and N % W for the grid's W warps
+  // (stream_share)
+  int64_t share_q = 0, share_r = 0;
 };
+
+// Ratio-1 streaming kernel work split: warp w of W takes tokens [lo, hi) of an even split of N,
+// given q = N / W and r = N % W computed once on the host: the first r warps take q + 1 tokens,
+// the others q, in token order. (Each warp used to compute w * N / W itself: a 64-bit division,
+// i.e. a call to a ~70-instruction routine at every warp's start, 2.8% of the stall samples of
+// the 256K ratio-1 kernel.)
+DSV41KV_HD void stream_share(int64_t w, int64_t q, int64_t r, int64_t& lo, int64_t& hi) {
+  const bool extra = w < r;
+  lo = w * q + (extra ? w : r);
+  hi = lo + q + (extra ? 1 : 0);
+}
+
+// Blocks (4 warps each) of the ratio-1 streaming kernel for N tokens in chunks of C, with `fit`
+// blocks resident at once: one chunk per warp, or, when that leaves slots of the GPU empty, the
+// grid widened up to `fit` blocks but not below kStreamMinTokensPerWarp tokens per warp. Every
+// warp's share (stream_share) is then at most C tokens.
+inline constexpr int64_t kStreamMinTokensPerWarp = 8;
+inline int64_t stream_blocks_r1(int64_t N, int64_t C, int64_t fit) {
+  const int64_t blocks = ((N + C - 1) / C + 3) / 4;
+  const int64_t wide = ((N + kStreamMinTokensPerWarp - 1) / kStreamMinTokensPerWarp + 3) / 4;
+  const int64_t w = wide < fit ? wide : fit;
+  return blocks > w ? blocks : w;
+}
 
 // Programs of a call: ratio 1: N; ratio 2: num_reqs + ceil(N / 2).
 inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
