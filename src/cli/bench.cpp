@@ -155,7 +155,18 @@ struct Dev {
   ~Dev() {
     if (p) cudaFree(p);
   }
-  void upload(const std::vector<T>& h) { ck(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload"); }
+  // Blocking uploads and fills: the host calls run on the legacy stream, which does not order
+  // the bench's non-blocking stream, and a pageable cudaMemcpy or a cudaMemset may return before
+  // the bytes land; without the synchronisation the canary fill of a reset could overwrite the
+  // output of the launch that follows it and count as `wrong`.
+  void upload(const std::vector<T>& h) {
+    ck(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    ck(cudaDeviceSynchronize(), "sync after upload");
+  }
+  void fill(uint8_t byte) {
+    ck(cudaMemset(p, byte, n * sizeof(T)), "memset");
+    ck(cudaDeviceSynchronize(), "sync after memset");
+  }
   std::vector<T> download() const {
     std::vector<T> h(n);
     ck(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
@@ -244,12 +255,12 @@ struct Layer {
     norm_w.upload(in.norm_w);
     const CacheView c = CacheView::with_default_strides(nullptr, f, in.capacity / kStatesPerPage, kStatesPerPage);
     cache = Dev<uint8_t>(static_cast<size_t>(c.backing_bytes()));
-    ck(cudaMemset(cache.p, 0xA5, cache.n), "memset cache");
-    ck(cudaMemset(latent.p, 0xFF, latent.n * 2), "memset latent");
+    cache.fill(0xA5);
+    latent.fill(0xFF);
   }
   void reset(const Inputs& in) {
     ring.upload(in.ring);
-    ck(cudaMemset(cache.p, 0xA5, cache.n), "memset cache");
+    cache.fill(0xA5);
   }
 
   CompressArgs compress_args(const Inputs& in, bool with_latent) const {
@@ -386,7 +397,7 @@ class Timer {
 double copy_bandwidth(cudaStream_t st, Timer& timer) {
   const size_t bytes = size_t{2} << 30;
   Dev<uint8_t> src(bytes), dst(bytes);
-  ck(cudaMemset(src.p, 1, bytes), "memset");
+  src.fill(1);
   const double ms = timer.eager([&] {
     ck(cudaMemcpyAsync(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice, st), "memcpy");
   }, true, 5);

@@ -97,7 +97,11 @@ NcclCommunicator::NcclCommunicator(int rank, int size, const std::vector<uint8_t
   cuda_or_fail(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   own_stream_ = s;
   cuda_or_fail(cudaMalloc(&scratch_, zero_region_bytes(size) + 4 * static_cast<size_t>(size)), "cudaMalloc(scratch)");
-  cuda_or_fail(cudaMemset(scratch_, 0, zero_region_bytes(size) + 4 * static_cast<size_t>(size)), "cudaMemset(scratch)");
+  // on the communicator's own (non-blocking) stream, waited for: a plain cudaMemset runs on the
+  // legacy stream, which does not order that stream, and may return before the zeros land
+  cuda_or_fail(cudaMemsetAsync(scratch_, 0, zero_region_bytes(size) + 4 * static_cast<size_t>(size), s),
+               "cudaMemsetAsync(scratch)");
+  cuda_or_fail(cudaStreamSynchronize(s), "cudaStreamSynchronize(scratch)");
 
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), NCCL_UNIQUE_ID_BYTES);

@@ -56,7 +56,7 @@ TEST_F(ProjectionGpu, MatchesCpuWithinAccumulationRounding) {
     proj.project(dx.view({T, H}), dw.view({O, H}), dout.view({T, O}), ctx);
     GPU_CHECK(cudaStreamEndCapture(st, &g));
     GPU_CHECK(cudaGraphInstantiate(&ge, g, 0));
-    GPU_CHECK(cudaMemset(dout.data(), 0xFF, dout.size() * sizeof(float)));
+    GPU_CHECK(cudaMemsetAsync(dout.data(), 0xFF, dout.size() * sizeof(float), st));  // on st: ordered before the replay
     GPU_CHECK(cudaGraphLaunch(ge, st));
     GPU_CHECK(cudaStreamSynchronize(st));
     EXPECT_TRUE(bits_equal(got, dout.download(), "graph replay of the projection"));
