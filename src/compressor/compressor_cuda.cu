@@ -73,7 +73,6 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
     k.ring = a.ring.ptr<float>();
     k.ring_bs = p.ring_block_stride;
     k.ring_rs = p.ring_row_stride;
-    k.cap = p.cap;
     k.cap_div = FastDivmod::make(p.cap);
     k.ring_slots = p.ring_blocks * p.cap;
     k.qsl = a.qsl.ptr<const int32_t>();

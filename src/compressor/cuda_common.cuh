@@ -483,13 +483,14 @@ __device__ __forceinline__ void rope_thread(int d0, const float* trow, const flo
 // ---------------------------------------------------------------- cooperative record writers
 
 // Where records go: a validated CacheView flattened for the kernels.
+// (field order: what the writers read first, see CompressParams)
 struct CacheDst {
   uint8_t* base = nullptr;          // page 0, byte 0
   int64_t S = 1;                    // states per page
-  FastDivmod S_div;                 // division by S (slot -> page, row)
   int64_t page_stride_bytes = 0;
-  int64_t row_stride_bytes = 0;     // plain rows
   int64_t capacity = 0;             // num_pages * S: slots >= capacity are skipped
+  FastDivmod S_div;                 // division by S (slot -> page, row)
+  int64_t row_stride_bytes = 0;     // plain rows
   float fp8_inv = 1.0f;             // plain fp8: fp32(1 / sigma), IEEE division on the host
 };
 

@@ -652,7 +652,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
   if (tail) {
     // Every ring read of this program (the predecessor row) was consumed by the pool above,
     // before the warp barrier in process_warp; rows are copied in ascending token order.
-    const int64_t n = (e - s) < p.cap ? (e - s) : p.cap;
+    const int64_t n = (e - s) < p.cap_div.d ? (e - s) : p.cap_div.d;
     for (int64_t kk = 0; kk < n; ++kk) {
       const int64_t tt = e - n + kk;
       const int64_t st = p.slot[tt];
@@ -806,7 +806,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   auto tail_store = [&]() {
     if constexpr (R == 2) {
       if (!tail) return;
-      const int n = static_cast<int64_t>(e - s) < p.cap ? e - s : static_cast<int>(p.cap);
+      const int n = static_cast<int64_t>(e - s) < p.cap_div.d ? e - s : static_cast<int>(p.cap_div.d);
       for (int tt = e - n; tt < e; ++tt) {
         const int64_t st = tt == s ? sl_s : p.slot[tt];
         if (st < 0 || st >= p.ring_slots) continue;
