@@ -275,24 +275,36 @@ __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast
 // neither sink them below a later early-exit branch (it does that to plain loads whose value
 // is used only after the branch) nor drop them. For read-only inputs of a kernel only (they
 // are not ordered against the kernel's own stores).
+// DSV41KV_LD_EARLY (A/B knob, session 5): 0 ld.volatile (LDG.STRONG.SYS), 1 ld.relaxed.gpu,
+// 2 plain weak ld.global (the asm statement stays volatile in every form).
+#ifndef DSV41KV_LD_EARLY
+#define DSV41KV_LD_EARLY 0
+#endif
+#if DSV41KV_LD_EARLY == 0
+#define DSV41KV_LDQ "ld.volatile.global"
+#elif DSV41KV_LD_EARLY == 1
+#define DSV41KV_LDQ "ld.relaxed.gpu.global"
+#else
+#define DSV41KV_LDQ "ld.global"
+#endif
 __device__ __forceinline__ int64_t ld_early(const int64_t* p) {
   int64_t v;
-  asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  asm volatile(DSV41KV_LDQ ".s64 %0, [%1];" : "=l"(v) : "l"(p));
   return v;
 }
 __device__ __forceinline__ int32_t ld_early(const int32_t* p) {
   int32_t v;
-  asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  asm volatile(DSV41KV_LDQ ".s32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
 __device__ __forceinline__ uint2 ld2u_early(const uint16_t* p) {
   uint2 v;
-  asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm volatile(DSV41KV_LDQ ".v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
   return v;
 }
 __device__ __forceinline__ float4 ld4_early(const float* p) {
   float4 v;
-  asm volatile("ld.volatile.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+  asm volatile(DSV41KV_LDQ ".v4.f32 {%0, %1, %2, %3}, [%4];"
                : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
                : "l"(p));
   return v;
