@@ -190,6 +190,18 @@ __global__ void nv_pack_kernel(unsigned long long* mismatches, uint32_t* first) 
   }
 }
 
+// e4m3_decode_finite (the hardware conversion on sm_89+) against num::e4m3_decode for every
+// byte but the two NaNs: thread b decodes byte b.
+__global__ void e4m3_decode_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint32_t b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b > 0xFF || (b & 0x7F) == 0x7F) return;
+  const auto byte = static_cast<uint8_t>(b);
+  if (num::f2u(e4m3_decode_finite(byte)) != num::f2u(num::e4m3_decode(byte))) {
+    atomicAdd(mismatches, 1ull);
+    atomicMin(first, b);
+  }
+}
+
 class FastMathGpu : public GpuTest {};
 
 // A sweep's outcome: how many inputs mismatched and the smallest mismatching input (bit
@@ -228,6 +240,13 @@ TEST_F(FastMathGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
       [](unsigned long long* cnt, uint32_t* first) { e4m3_exhaustive_kernel<<<2048, 256>>>(cnt, first); }, r));
   EXPECT_EQ(r.mismatches, 0ull) << "first mismatching bit pattern 0x" << std::hex << r.first
                                 << " (rebuild with -DDSV41KV_CUDA_SOFT_FP8=1 to use the software encoder)";
+}
+
+TEST_F(FastMathGpu, HardwareE4m3DecodeEqualsSoftwareOnEveryFiniteByte) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(
+      run_sweep([](unsigned long long* cnt, uint32_t* first) { e4m3_decode_kernel<<<1, 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching byte 0x" << std::hex << r.first;
 }
 
 TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
