@@ -24,7 +24,9 @@ namespace dsv41kv::detail::cuda {
 // one per line touched: 5 lines for ratio 1, 5 for ratio 2 with the old order). In this order
 // ratio 1 decode touches 3 lines (0x200: the flags, N, kv, kv_stride, slot, pos; 0x240: norm_w
 // .. cache.page_stride_bytes; 0x280: the rest of the cache), ratio 2 one more (0x2c0: the
-// ring). The static_asserts below keep the groups inside their lines.
+// ring; its request programs also read the PCP fields in line 0x300, with LDC, which the
+// machine code issues early and waits for on a scoreboard like a load, not at the
+// instruction). The static_asserts below keep the groups inside their lines.
 struct CompressParams {
   // line 0x200 (48 bytes after the driver's 16): what every program reads first
   uint8_t early_meta = 0;           // ExecContext::pdl_early_metadata (decode kernel)
