@@ -612,13 +612,14 @@ DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
 DSV41KV_HD void e2m1_thresholds_bf16x2(uint8_t sb, uint32_t (&T2)[7]) {
   constexpr uint32_t kC2[7] = {0x3E803E80u, 0x3F403F40u, 0x3FA03FA0u, 0x3FE03FE0u,
                                0x40204020u, 0x40604060u, 0x40A040A0u};
-  const uint32_t sd2 = (num::f2u(e4m3_decode_finite(sb)) >> 16) * 0x00010001u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t sd2 = (num::f2u(e4m3_decode_finite(sb)) >> 16) * 0x00010001u;
 #pragma unroll
   for (int k = 0; k < 7; ++k) asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(T2[k]) : "r"(kC2[k]), "r"(sd2));
 #else
+  (void)kC2;
   float thr[7];
-  e2m1_thresholds(num::e4m3_decode(sb), thr);
+  e2m1_thresholds(e4m3_decode_finite(sb), thr);
   for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
 #endif
 }

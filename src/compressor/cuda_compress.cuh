@@ -896,16 +896,6 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   if (t < 0) tail_store();  // (with a program, the store followed its pool)
 }
 
-// Programs per chunk of the streaming kernel (at most 32: one lane resolves each program's
-// metadata): kChunkLarge (8) for grids of at least 4 waves of resident blocks, else kChunkSmall
-// (16; cuda_tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
-// the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
-// v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
-// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (and with its warp writer 215 -> 219-221;
-// docs/perf-notes.md v13, v14). Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with
-// 8 (512 blocks = 1.3 waves of 396 resident blocks where 16 makes one partial wave); 32K ratio 1
-// widens its grid anyway.
-
 // Blocks of compress_stream_kernel<R, F, C> (128 threads) that the current device runs at
 // once: SMs x resident blocks per SM (3 to 7 depending on R and F), queried once per kernel and
 // device and cached (host-only queries, legal during stream capture). One cache per template
@@ -931,12 +921,14 @@ int64_t resident_blocks() {
 
 template <int R, int F, int C>
 void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool pdl) {
-  const int64_t chunks = R == 2 ? ((p.N + 1) / 2 + C - 1) / C : (p.N + C - 1) / C;
-  const int64_t warps = (R == 2 ? p.num_reqs : 0) + chunks;
-  if (warps <= 0) return;
-  int64_t blocks = (warps + 3) / 4;  // one chunk per warp
+  int64_t blocks;
   CompressParams q = p;
-  if constexpr (R == 1) {
+  if constexpr (R == 2) {
+    const int64_t warps = p.num_reqs + ((p.N + 1) / 2 + C - 1) / C;  // one chunk per warp
+    if (warps <= 0) return;
+    blocks = (warps + 3) / 4;
+  } else {
+    if (p.N <= 0) return;
     // A grid of one chunk per warp that leaves slots of the GPU empty (32K tokens: 256 blocks
     // where 924 fit) is widened up to what fits, down to kStreamMinTokensPerWarp tokens per warp
     // (the kernel splits the tokens evenly, stream_share): 41 -> 36 us at 32K. Larger grids keep
@@ -953,6 +945,15 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
                 pdl, q);
 }
 
+// Programs per chunk C of the streaming kernel (at most 32: one lane resolves each program's
+// metadata): kChunkLarge (8) for grids of at least 4 waves of resident blocks, else kChunkSmall
+// (16; cuda_tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
+// the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
+// v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
+// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (and with its warp writer 215 -> 219-221;
+// docs/perf-notes.md v13, v14). Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with
+// 8 (512 blocks = 1.3 waves of 396 resident blocks where 16 makes one partial wave); 32K ratio 1
+// widens its grid anyway.
 template <int R, int F>
 void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
   int c = stream_chunk_override();
