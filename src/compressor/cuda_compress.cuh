@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   //   ratio 1: an even share of the N token programs over the grid's warps (stream_share, with
   //   N / W and N % W from the host). The grid has at least one warp per C programs
   //   (stream_blocks_r1), so a share is at most C programs and the chunk loop below runs once;
-  //   widening a small grid only makes the shares smaller (CompressorGpuHost.StreamShares...).
+  //   widening a small grid only makes the shares smaller (tests/gpu/test_stream_split_gpu.cu).
   int64_t lo, hi;
   if constexpr (R == 2) {
     if (w < p.num_reqs) {
