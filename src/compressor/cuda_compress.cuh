@@ -345,7 +345,7 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
 }
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
 // 16 bytes bypassing L1 (the kv rows), 4 bytes with an L2 eviction policy (the RoPE table
-// entries, see kStreamMinBlocks' note). Builds for older architectures copy synchronously (same
+// entries, see l2_policy_evict_last). Builds for older architectures copy synchronously (same
 // results). `_sa` forms take a 32-bit shared-window address, the others a generic pointer.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
@@ -358,6 +358,11 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, 
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src, uint64_t pol) {
   cp_async4_sa(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, pol);
 }
+// RoPE table entries are copied with an L2 evict-last policy (both ratios): every request reads
+// the row of each of its positions, the 16 requests of a 256K prefill reach a position at
+// different times, and in between tens of MB of kv rows stream through L2; with the default
+// policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of DRAM reads for 549
+// MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us; ratio 2 -2%).
 __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
@@ -389,14 +394,9 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 
 // Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
 // per thread <= 65536 / (128 * blocks)). Ratio 1 fits 7 blocks (the shared-memory limit too: 30
-// KiB per block): every record in 72 registers without spills (nvfp4's warp writer spilled 8-12
-// bytes in some earlier builds, and 7 blocks still measured faster than 6 blocks (80
-// registers) and 5 (96): 256K 208-210 vs 211 vs 215 us, session 4). Overridable at build time.
-// RoPE table entries are copied with an L2 evict-last policy (both ratios): every request reads
-// the row of each of its positions, the 16 requests of a 256K prefill reach a position at
-// different times, and in between tens of MB of kv rows stream through L2; with the default
-// policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of DRAM reads for 549
-// MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us; ratio 2 -2%).
+// KiB per block, so 8 would not fit anyway): 72 registers, nvfp4 with an 8-byte spill (7 blocks
+// still measured faster than 6 blocks (80 registers) and 5 (96): 256K 208-210 vs 211 vs 215 us,
+// session 4). Overridable at build time.
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
 #endif
