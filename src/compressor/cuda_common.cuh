@@ -307,6 +307,26 @@ __device__ __forceinline__ float4 ld4_early(const float* p) {
 }
 #undef DSV41KV_LDQ
 
+// L2 evict-first policy for kv rows that a kernel reads once (see kRowsEvictFirst in
+// cuda_compress.cuh), and a 16-byte load with an L2 policy.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ float4 ld4_policy(const float* p, uint64_t pol) {
+  float4 v;
+  asm("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(p), "l"(pol));
+  return v;
+}
+#else
+__device__ __forceinline__ uint64_t l2_policy_evict_first() { return 0; }
+__device__ __forceinline__ float4 ld4_policy(const float* p, uint64_t) { return ld4(p); }
+#endif
+
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 // Ring rows may start at any float (the ring block stride is arbitrary, SPEC 3.2): these take
 // the (program-uniform) alignment of the row.

@@ -115,16 +115,26 @@ __device__ __forceinline__ void load_rows(const CompressParams& p, int64_t t, co
 
 // Pair programs: float4 group k (dims 4*lane + 128*k) of token t's rows (the predecessor is
 // row t - 1).
+// kEvictFirst: the loads carry the L2 evict-first policy (kRowsEvictFirst).
+template <bool kEvictFirst>
 __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, int lane, int k,
                                            PairRows& b) {
   // the lane's base address once (row pointer + 4*lane), then constant offsets 128*k: lets the
   // compiler use immediate offsets instead of a 64-bit index computation per group
   const float* brow = (p.kv + t * p.kv_stride) + 4 * lane;
   const float* arow = brow - p.kv_stride;
-  b.bkv[k] = ld4(brow + 128 * k);
-  b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
-  b.akv[k] = ld4(arow + 128 * k);
-  b.asc[k] = ld4(arow + kLatentDim + 128 * k);
+  if constexpr (kEvictFirst) {
+    const uint64_t pol = l2_policy_evict_first();
+    b.bkv[k] = ld4_policy(brow + 128 * k, pol);
+    b.bsc[k] = ld4_policy(brow + kLatentDim + 128 * k, pol);
+    b.akv[k] = ld4_policy(arow + 128 * k, pol);
+    b.asc[k] = ld4_policy(arow + kLatentDim + 128 * k, pol);
+  } else {
+    b.bkv[k] = ld4(brow + 128 * k);
+    b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
+    b.akv[k] = ld4(arow + 128 * k);
+    b.asc[k] = ld4(arow + kLatentDim + 128 * k);
+  }
 }
 
 // Ratio 2: pooled = pool2(a, b) of the warp's program into the warp's scratch `pooled` (load
@@ -132,6 +142,7 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
 // as a group of `b` has been pooled, its registers receive the same group of the rows of token
 // t_next (the next pair program of the chunk; -1: none), so that the next program's rows are in
 // flight during the rest of this one.
+template <bool kEvictFirst = false>
 __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, int64_t t_next,
                                           float* pooled, int lane) {
   const unsigned ul = static_cast<unsigned>(lane);
@@ -145,8 +156,8 @@ __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, 
     st4(pl + 144 * k, v[0]);
     st4(pl + 144 * (k + 1), v[1]);
     if (t_next >= 0) {
-      load_group(p, t_next, lane, k, b);
-      load_group(p, t_next, lane, k + 1, b);
+      load_group<kEvictFirst>(p, t_next, lane, k, b);
+      load_group<kEvictFirst>(p, t_next, lane, k + 1, b);
     }
   }
 }
@@ -329,6 +340,15 @@ __device__ __forceinline__ const float* shflptr(const float* v, int src) {
 
 // RoPE table rows fetched this many programs ahead in the streaming kernel (ratio 2), and rows +
 // RoPE entries (ratio 1).
+// The streaming kernel instantiated for small chunks (kChunkSmall: grids of fewer than 4 waves,
+// and ratio-1 NVFP4 at any size) reads its kv rows with the L2 evict-first policy: they are read
+// once, and the policy keeps the lines the launch writes (records, latents, ring rows) or that a
+// previous kernel left in L2 while the rows stream through, instead of writing them back during
+// the kernel. A/B on the H200 (session 6, docs/perf-notes.md v18): 32K tokens ratio 1 -5 to -10%,
+// ratio 2 -1 to -3%, 256K ratio-1 NVFP4 -1.5%; but 256K ratio 1 v4 / mxfp8 (chunks of 8, 150 MB
+// of records, three times L2) +4% / +2.5% and ratio 2 v4 +1.4%, so kChunkLarge keeps the default.
+template <int C>
+inline constexpr bool kRowsEvictFirst = C == kChunkSmall;
 inline constexpr int kRopeAhead = 2;
 inline constexpr int kRowsAhead = 2;
 // Shared scratch of the streaming kernel: ratio 2, one pooled row per warp; ratio 1, a ring of
@@ -344,12 +364,16 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
   return rows[warp];
 }
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
-// 16 bytes bypassing L1 (the kv rows), 4 bytes with an L2 eviction policy (the RoPE table
-// entries, see l2_policy_evict_last). Builds for older architectures copy synchronously (same
+// 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
+// eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older architectures copy synchronously (same
 // results). `_sa` forms take a 32-bit shared-window address, the others a generic pointer.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t pol) {
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
@@ -376,6 +400,9 @@ __device__ __forceinline__ void cp_async_wait() {
 #else
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
+}
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src, uint64_t) {
+  cp_async16_sa(d, gmem_src);
 }
 __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t) {
   *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
@@ -509,6 +536,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       const unsigned ul = static_cast<unsigned>(lane);
       const uint32_t rope_sa = smem_address(rs_slot[0]);
       const uint64_t rope_policy = l2_policy_evict_last();
+      const uint64_t row_policy = kRowsEvictFirst<C> ? l2_policy_evict_first() : 0;
       // the RoPE entries of program j's insert into rope slot `slot` (nothing without an insert)
       auto copy_rope = [&](int j, int slot) {
         if constexpr (F != kNoRecord) {
@@ -527,8 +555,13 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         if (tj >= 0) {
           const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
           const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
+          if constexpr (kRowsEvictFirst<C>) {
   #pragma unroll
-          for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+            for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k, row_policy);
+          } else {
+  #pragma unroll
+            for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
+          }
         }
         copy_rope(j, slot);
         cp_async_commit();
@@ -572,7 +605,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     int64_t t = shfl64(role_t, 0);
     if (t >= 0) {
   #pragma unroll
-      for (int k = 0; k < 4; ++k) load_group(p, t, lane, k, A);
+      for (int k = 0; k < 4; ++k) load_group<kRowsEvictFirst<C>>(p, t, lane, k, A);
     }
     if constexpr (F != kNoRecord) {
       // exactly kRopeAhead groups before the loop (empty ones past the chunk), so that the wait
@@ -601,11 +634,11 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         }
       }
       if (t >= 0) {
-        pool_warp(p, A, t_next, pooled, lane);
+        pool_warp<kRowsEvictFirst<C>>(p, A, t_next, pooled, lane);
         process_warp<F>(p, t, pg, ir, rc, rsn, PooledPtr{pooled}, lane, wb, wrope);
       } else if (t_next >= 0) {
   #pragma unroll
-        for (int k = 0; k < 4; ++k) load_group(p, t_next, lane, k, A);
+        for (int k = 0; k < 4; ++k) load_group<kRowsEvictFirst<C>>(p, t_next, lane, k, A);
       }
       t = t_next;
     }

@@ -114,9 +114,9 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
 }
 
 // Both chunk sizes of the streaming kernel (the host picks 8 programs only for grids of many
-// waves, which the test shapes are not) on the same inputs, for both ratios and every record,
-// ratio 2 with the tail policy and PCP, with and without the latent output: each equal to the
-// CPU byte for byte.
+// waves, which the test shapes are not; 16 reads the rows evict-first, kRowsEvictFirst) on the
+// same inputs, for both ratios and every record, ratio 2 with the tail policy and PCP, with and
+// without the latent output: each equal to the CPU byte for byte.
 TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   struct Restore {
     ~Restore() { detail::cuda::set_stream_chunk_override(0); }
@@ -428,7 +428,9 @@ TEST_F(CompressorGpu, ProgrammaticLaunchChainEqualsCpu) {
       }
       const std::string w = std::string("pdl chain r") + std::to_string(ratio) + " " + record_info(f).name;
       EXPECT_NE(cache, cache0) << w << ": the steps must write records";
-      if (ratio == 2) EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
+      if (ratio == 2) {
+        EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
+      }
       ASSERT_FALSE(cache.empty());
       GPU_CHECK(cudaStreamDestroy(st));
     }
