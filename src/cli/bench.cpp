@@ -574,7 +574,8 @@ void add_bench(CLI::App& app, int& exit_code) {
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));
   cmd->add_option("--stream-chunk", o.stream_chunk,
-                  "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16")
+                  "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16 "
+                  "(16: kv rows read with the L2 evict-first policy)")
       ->check(CLI::IsMember({0, 8, 16}));
   cmd->add_option("--timing", o.timing,
                   "do_bench (default: the baseline's method, triton.testing.do_bench: repetitions back to "

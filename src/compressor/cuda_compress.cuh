@@ -338,17 +338,20 @@ __device__ __forceinline__ const float* shflptr(const float* v, int src) {
       __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(v)), src));
 }
 
-// RoPE table rows fetched this many programs ahead in the streaming kernel (ratio 2), and rows +
-// RoPE entries (ratio 1).
 // The streaming kernel instantiated for small chunks (kChunkSmall: grids of fewer than 4 waves,
 // and ratio-1 NVFP4 at any size) reads its kv rows with the L2 evict-first policy: they are read
 // once, and the policy keeps the lines the launch writes (records, latents, ring rows) or that a
 // previous kernel left in L2 while the rows stream through, instead of writing them back during
-// the kernel. A/B on the H200 (session 6, docs/perf-notes.md v18): 32K tokens ratio 1 -5 to -10%,
-// ratio 2 -1 to -3%, 256K ratio-1 NVFP4 -1.5%; but 256K ratio 1 v4 / mxfp8 (chunks of 8, 150 MB
-// of records, three times L2) +4% / +2.5% and ratio 2 v4 +1.4%, so kChunkLarge keeps the default.
+// the kernel. A/B on the H200 (session 6, docs/perf-notes.md v18): 32K ratio 1 -5 to -10%, ratio
+// 2 -3 to -4%, 256K ratio-1 NVFP4 -1.6%. The chunk-8 instantiation (large grids) keeps the
+// default policy: evict-first rows made 256K ratio 1 v4 / mxfp8 (138-153 MB of records, ~3x
+// L2) 4% / 2.5% slower and ratio 2 v4 1.4%. A compile-time choice: a policy chosen at run time
+// goes through uniform registers at every copy (R2UR), which cost 1-1.5% at 256K by itself.
 template <int C>
 inline constexpr bool kRowsEvictFirst = C == kChunkSmall;
+
+// RoPE table rows fetched this many programs ahead in the streaming kernel (ratio 2), and rows +
+// RoPE entries (ratio 1).
 inline constexpr int kRopeAhead = 2;
 inline constexpr int kRowsAhead = 2;
 // Shared scratch of the streaming kernel: ratio 2, one pooled row per warp; ratio 1, a ring of
