@@ -142,6 +142,7 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
 // as a group of `b` has been pooled, its registers receive the same group of the rows of token
 // t_next (the next pair program of the chunk; -1: none), so that the next program's rows are in
 // flight during the rest of this one.
+// kEvictFirst: the prefetch loads carry the L2 evict-first policy (load_group).
 template <bool kEvictFirst = false>
 __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, int64_t t_next,
                                           float* pooled, int lane) {
@@ -368,8 +369,9 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
 }
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
 // 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
-// eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older architectures copy synchronously (same
-// results). `_sa` forms take a 32-bit shared-window address, the others a generic pointer.
+// eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older
+// architectures copy synchronously (same results). `_sa` forms take a 32-bit shared-window
+// address, the others a generic pointer.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
