@@ -10,10 +10,11 @@
 // baseline was measured (triton.testing.do_bench: repetitions enqueued back to back, each between
 // its own events, prefill repetitions each after an L2 flush outside the events; see Timing).
 // Decode: a CUDA graph of kDecodeLayers launches (one per layer, each layer with its own buffers),
-// replayed; time per layer = replay time / layers. Bytes that must move are counted as the baseline README does
-// (compress: kv_score read + latent write + ring tail writes; insert: latent read + record
-// write; fused: kv_score read + ring tail writes + record write), GB/s = bytes / time, and the
-// ratio to a 2 GiB device-to-device copy measured in the same run (bytes read + written).
+// replayed; time per layer = replay time / layers. Bytes that must move are counted as the
+// baseline README does (compress: kv_score read + latent write + ring tail writes; insert:
+// latent read + record write; fused: kv_score read + ring tail writes + record write), GB/s =
+// bytes / time, and the ratio to a 2 GiB device-to-device copy measured in the same run (bytes
+// read + written).
 // "wrong" counts the cache bytes where the fused launch and the separate kernels disagree
 // (they must not: both are bit-identical to the CPU reference).
 //

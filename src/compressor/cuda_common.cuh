@@ -326,6 +326,12 @@ __device__ __forceinline__ float4 ld4_policy(const float* p, uint64_t pol) {
 __device__ __forceinline__ uint64_t l2_policy_evict_first() { return 0; }
 __device__ __forceinline__ float4 ld4_policy(const float* p, uint64_t) { return ld4(p); }
 #endif
+// A 16-byte kv-row load: evict-first when kEvictFirst (kRowsEvictFirst), else the plain load.
+template <bool kEvictFirst>
+__device__ __forceinline__ float4 ld4_row(const float* p) {
+  if constexpr (kEvictFirst) return ld4_policy(p, l2_policy_evict_first());
+  else return ld4(p);
+}
 
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 // Ring rows may start at any float (the ring block stride is arbitrary, SPEC 3.2): these take

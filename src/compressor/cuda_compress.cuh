@@ -123,18 +123,10 @@ __device__ __forceinline__ void load_group(const CompressParams& p, int64_t t, i
   // compiler use immediate offsets instead of a 64-bit index computation per group
   const float* brow = (p.kv + t * p.kv_stride) + 4 * lane;
   const float* arow = brow - p.kv_stride;
-  if constexpr (kEvictFirst) {
-    const uint64_t pol = l2_policy_evict_first();
-    b.bkv[k] = ld4_policy(brow + 128 * k, pol);
-    b.bsc[k] = ld4_policy(brow + kLatentDim + 128 * k, pol);
-    b.akv[k] = ld4_policy(arow + 128 * k, pol);
-    b.asc[k] = ld4_policy(arow + kLatentDim + 128 * k, pol);
-  } else {
-    b.bkv[k] = ld4(brow + 128 * k);
-    b.bsc[k] = ld4(brow + kLatentDim + 128 * k);
-    b.akv[k] = ld4(arow + 128 * k);
-    b.asc[k] = ld4(arow + kLatentDim + 128 * k);
-  }
+  b.bkv[k] = ld4_row<kEvictFirst>(brow + 128 * k);
+  b.bsc[k] = ld4_row<kEvictFirst>(brow + kLatentDim + 128 * k);
+  b.akv[k] = ld4_row<kEvictFirst>(arow + 128 * k);
+  b.asc[k] = ld4_row<kEvictFirst>(arow + kLatentDim + 128 * k);
 }
 
 // Ratio 2: pooled = pool2(a, b) of the warp's program into the warp's scratch `pooled` (load
@@ -418,6 +410,13 @@ __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {}
 #endif
+// A 16-byte kv-row copy, with the L2 policy `pol` when kEvictFirst (kRowsEvictFirst), else the
+// plain form.
+template <bool kEvictFirst>
+__device__ __forceinline__ void cp_async16_row(uint32_t d, const float* gmem_src, uint64_t pol) {
+  if constexpr (kEvictFirst) cp_async16_sa(d, gmem_src, pol);
+  else cp_async16_sa(d, gmem_src);
+}
 
 template <int R, int F>
 __device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
@@ -560,13 +559,8 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         if (tj >= 0) {
           const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
           const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
-          if constexpr (kRowsEvictFirst<C>) {
   #pragma unroll
-            for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k, row_policy);
-          } else {
-  #pragma unroll
-            for (int k = 0; k < 4; ++k) cp_async16_sa(dst + 4u * 144u * k, src + 128 * k);
-          }
+          for (int k = 0; k < 4; ++k) cp_async16_row<kRowsEvictFirst<C>>(dst + 4u * 144u * k, src + 128 * k, row_policy);
         }
         copy_rope(j, slot);
         cp_async_commit();
