@@ -362,8 +362,8 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
 // 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
 // eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older
-// architectures copy synchronously (same results). `_sa` forms take a 32-bit shared-window
-// address, the others a generic pointer.
+// architectures copy synchronously (same results). Every form takes a 32-bit shared-window
+// address (`_sa`).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
@@ -375,9 +375,6 @@ __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src,
 __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t pol) {
   asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(d), "l"(gmem_src), "l"(pol)
                : "memory");
-}
-__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src, uint64_t pol) {
-  cp_async4_sa(static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst)), gmem_src, pol);
 }
 // RoPE table entries are copied with an L2 evict-last policy (both ratios): every request reads
 // the row of each of its positions, the 16 requests of a 256K prefill reach a position at
@@ -404,7 +401,6 @@ __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src,
 __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, uint64_t) {
   *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
 }
-__device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src, uint64_t) { *smem_dst = *gmem_src; }
 __device__ __forceinline__ uint64_t l2_policy_evict_last() { return 0; }
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
@@ -506,24 +502,33 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     if constexpr (F != kNoRecord) {
       if (role_page >= 0) role_trow = p.table + role_row * kRopeDim;
     }
-    float(*const rs_slot)[kRopeDim] = rope_sm[warp];
-    // issues the copies of program j's entries (lane: cos and sin of pair `lane`) into rope slot
-    // `slot` (nothing when the program has no insert)
-    auto rope_issue = [&](int j, int slot) {
+    // the RoPE entries of program j's insert (lane: cos and sin of pair `lane`) copied into rope
+    // slot `slot` (nothing without an insert), through 32-bit shared addresses and one L2
+    // evict-last policy per chunk (both ratios)
+    constexpr uint32_t kRopeBytes = kRopeDim * 4;
+    const unsigned ul = static_cast<unsigned>(lane);
+    const uint32_t rope_sa = smem_address(rope_sm[warp][0]);
+    const uint64_t rope_policy = l2_policy_evict_last();
+    auto copy_rope = [&](int j, int slot) {
       if constexpr (F != kNoRecord) {
         const float* trow = shflptr(role_trow, j);
         if (trow != nullptr) {
-          float* dst = rs_slot[slot];
-          const uint64_t pol = l2_policy_evict_last();
-          cp_async4(dst + lane, trow + lane, pol);
-          cp_async4(dst + kRopeDim / 2 + lane, trow + kRopeDim / 2 + lane, pol);
+          const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
+          cp_async4_sa(dst, trow + lane, rope_policy);
+          cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane, rope_policy);
         }
       }
+    };
+    // the entries of the program whose copies landed in rope slot `slot`
+    auto read_rope = [&](int slot, float& rc, float& rsn) {
+      const PooledSmem rope{rope_sa + static_cast<uint32_t>(slot) * kRopeBytes};
+      rc = rope.f32(ul);
+      rsn = rope.f32(kRopeDim / 2 + ul);
     };
     // ratio 2: one commit group per program, empty when it has no insert (uniform group counting)
     auto rope_copy = [&](int j) {
       if constexpr (F != kNoRecord) {
-        rope_issue(j, j % (kRopeAhead + 1));
+        copy_rope(j, j % (kRopeAhead + 1));
         cp_async_commit();
       }
     };
@@ -535,23 +540,9 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
       // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
       // addresses computed once (PooledSmem).
-      constexpr uint32_t kRowBytes = kPooledFloats * 4, kRopeBytes = kRopeDim * 4;
+      constexpr uint32_t kRowBytes = kPooledFloats * 4;
       constexpr int kSlots = kRowsAhead + 1;
-      const unsigned ul = static_cast<unsigned>(lane);
-      const uint32_t rope_sa = smem_address(rs_slot[0]);
-      const uint64_t rope_policy = l2_policy_evict_last();
       const uint64_t row_policy = kRowsEvictFirst<C> ? l2_policy_evict_first() : 0;
-      // the RoPE entries of program j's insert into rope slot `slot` (nothing without an insert)
-      auto copy_rope = [&](int j, int slot) {
-        if constexpr (F != kNoRecord) {
-          const float* trow = shflptr(role_trow, j);
-          if (trow != nullptr) {
-            const uint32_t dst = rope_sa + static_cast<uint32_t>(slot) * kRopeBytes + 4u * ul;
-            cp_async4_sa(dst, trow + lane, rope_policy);
-            cp_async4_sa(dst + 4u * (kRopeDim / 2), trow + kRopeDim / 2 + lane, rope_policy);
-          }
-        }
-      };
       // program j's row (when it has a token; lane: dims 4*lane + 128*k) and RoPE entries, one
       // commit group
       auto copy = [&](int j, int slot) {
@@ -585,11 +576,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         const int64_t ir = shfl64(role_r, i);
         float rc = 0.0f, rsn = 0.0f;
         if constexpr (F != kNoRecord) {
-          if (pg >= 0) {
-            const PooledSmem rope{rope_sa + static_cast<uint32_t>(s_use) * kRopeBytes};
-            rc = rope.f32(ul);
-            rsn = rope.f32(kRopeDim / 2 + ul);
-          }
+          if (pg >= 0) read_rope(s_use, rc, rsn);
         }
         if (t >= 0)
           process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + static_cast<uint32_t>(s_use) * kRowBytes},
@@ -626,11 +613,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         if (i + kRopeAhead < nn) rope_copy(i + kRopeAhead);
         else cp_async_commit();
         cp_async_wait<kRopeAhead>();  // this lane's copies of program i have landed
-        if (pg >= 0) {
-          const float* src = rs_slot[i % (kRopeAhead + 1)];
-          rc = src[lane];
-          rsn = src[kRopeDim / 2 + lane];
-        }
+        if (pg >= 0) read_rope(i % (kRopeAhead + 1), rc, rsn);
       }
       if (t >= 0) {
         pool_warp<kRowsEvictFirst<C>>(p, A, t_next, pooled, lane);
