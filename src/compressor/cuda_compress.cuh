@@ -688,7 +688,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 
 // ==================================================================== four-warp kernel (decode)
 //
-// compress_kernel_g4<R, F>: one 128-thread block per program, for small grids such as decode:
+// compress_kernel_g4<R, F, kPcp>: one 128-thread block per program, for small grids such as decode:
 // thread gt owns dims [4*gt, 4*gt + 4) for the loads, the pool and the writer. A decode layer is
 // a chain of dependent round trips to memory, so the kernel is organised around latency:
 //  - at most two dependent rounds of loads before the compute:
@@ -729,7 +729,11 @@ struct G4Token {
   }
 };
 
-template <int R, int F>
+// kPcp (ratio 2 only) = p.pcp: the PCP launches (prev_rows lookups, no tail store) are their own
+// instantiation, so that the others never read the PCP fields: every parameter line a decode
+// kernel touches costs ~0.13 us per launch (session 7: one more line, 2.09 -> 2.22 us for
+// ratio-1 decode), and the PCP test compiled into LDCs of line 0x300 at every request program.
+template <int R, int F, bool kPcp = false>
 __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
   __shared__ __align__(16) float pooled[kPooledFloats];
   // PDL: wait for the previous kernel before the first access, or (pdl_early_metadata: the
@@ -763,7 +767,9 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     G4Token<R, F> tk;
     tk.load(p, jt, d0);
     int64_t g = -1;
-    if (p.pcp && p.prev != nullptr && prog < p.prev_n) g = ld_early(p.prev_idx + prog);
+    if constexpr (kPcp) {
+      if (p.prev != nullptr && prog < p.prev_n) g = ld_early(p.prev_idx + prog);
+    }
     if (s < 0 || s >= e || e > p.N) return;
     if (s != jt) tk.load(p, s, d0);  // not decode-ordered: one more round
     bkv = tk.kv;
@@ -772,7 +778,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     islot = tk.islot;
     const int64_t ps = tk.pos;
     if (sl_s < 0 || sl_s >= p.ring_slots) return;
-    tail = !p.pcp;
+    tail = !kPcp;
     if (ps >= 0 && (ps & 1)) {
       t = s;
       pos_t = ps;
@@ -986,7 +992,14 @@ template <int R, int F>
 void launch_compress_g4(const CompressParams& p, cudaStream_t stream, bool pdl) {
   const int64_t programs = compress_programs(R, p.N, p.num_reqs);
   if (programs <= 0) return;
-  launch_kernel(compress_kernel_g4<R, F>, dim3(static_cast<unsigned>(programs)), dim3(128), stream, pdl, p);
+  const dim3 grid(static_cast<unsigned>(programs));
+  if constexpr (R == 2) {
+    if (p.pcp) {
+      launch_kernel(compress_kernel_g4<R, F, true>, grid, dim3(128), stream, pdl, p);
+      return;
+    }
+  }
+  launch_kernel(compress_kernel_g4<R, F, false>, grid, dim3(128), stream, pdl, p);
 }
 
 template <int F>
