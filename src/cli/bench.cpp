@@ -122,6 +122,8 @@ struct BenchOptions {
   std::string only;                 // one workload ("" = all)
   int program_warps = 0;            // detail::cuda::set_program_warps_override
   int stream_chunk = 0;             // detail::cuda::set_stream_chunk_override
+  std::string stream_head;          // "W,C[;W,C]" (detail::cuda::set_stream_taper_override)
+  std::string stream_tail;          // "W,C[;W,C[;W,C]]", "0": no tail
   std::string timing = "do_bench";  // do_bench | sync (Timing)
   std::string decode_buffers = "per-layer";
   bool pdl = false;
@@ -524,6 +526,8 @@ int run_bench(const BenchOptions& o) {
     j["pdl_early_metadata"] = o.pdl && o.pdl_early_metadata;
     j["program_warps"] = detail::cuda::program_warps_override();
     j["stream_chunk"] = detail::cuda::stream_chunk_override();
+    j["stream_head"] = o.stream_head;
+    j["stream_tail"] = o.stream_tail;
     j["timing"] = o.timing;
     j["rows"] = nlohmann::json::array();
     for (const Row& r : rows)
@@ -578,6 +582,13 @@ void add_bench(CLI::App& app, int& exit_code) {
                   "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16 "
                   "(16: kv rows read with the L2 evict-first policy)")
       ->check(CLI::IsMember({0, 8, 16}));
+  cmd->add_option("--stream-head", o.stream_head,
+                  "shape of the ratio-1 streaming grid, first tokens: W,C[;W,C] = parts of W x (resident warps) "
+                  "warps of at most C tokens each (with --stream-head or --stream-tail the library's own shape is "
+                  "replaced: an absent one means no parts)");
+  cmd->add_option("--stream-tail", o.stream_tail,
+                  "shape of the ratio-1 streaming grid, last tokens: W,C[;W,C[;W,C]] (the last part takes the "
+                  "last tokens), or 0 for none");
   cmd->add_option("--timing", o.timing,
                   "do_bench (default: the baseline's method, triton.testing.do_bench: repetitions back to "
                   "back, an L2 flush before each prefill repetition) or sync (each repetition alone)")
@@ -608,6 +619,42 @@ void add_bench(CLI::App& app, int& exit_code) {
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::set_program_warps_override(o.program_warps);
     detail::cuda::set_stream_chunk_override(o.stream_chunk);
+    if (!o.stream_head.empty() || !o.stream_tail.empty()) {
+      detail::cuda::StreamTaper tp;
+      tp.set = true;
+      // "W,C[;W,C...]" (at most `max` parts) into waves/chunks; "0" or "": none
+      auto parse = [&](const char* flag, const std::string& text, int max, double* waves, int* chunks, int& n) {
+        n = 0;
+        if (text.empty() || text == "0") return true;
+        size_t at = 0;
+        while (at <= text.size()) {
+          const size_t end = std::min(text.find(';', at), text.size());
+          const std::string one = text.substr(at, end - at);
+          double w = 0.0;
+          int c = 0;
+          char extra = 0;
+          if (n >= max || std::sscanf(one.c_str(), "%lf,%d%c", &w, &c, &extra) != 2 || !(w > 0.0 && w <= 1000.0) ||
+              c < 1 || c >= detail::cuda::kChunkSmall) {
+            std::fprintf(stderr,
+                         "dsv41kv bench: %s %s: expected 0 or up to %d parts WAVES,CHUNK separated by ';' with "
+                         "WAVES in (0, 1000] and CHUNK in [1, %d]\n",
+                         flag, text.c_str(), max, detail::cuda::kChunkSmall - 1);
+            return false;
+          }
+          waves[n] = w;
+          chunks[n] = c;
+          ++n;
+          at = end + 1;
+        }
+        return true;
+      };
+      if (!parse("--stream-head", o.stream_head, detail::cuda::kStreamHeadMax, tp.head_waves, tp.head_chunk, tp.nhead) ||
+          !parse("--stream-tail", o.stream_tail, detail::cuda::kStreamTailMax, tp.tail_waves, tp.tail_chunk, tp.ntail)) {
+        exit_code = 2;
+        return;
+      }
+      detail::cuda::set_stream_taper_override(tp);
+    }
     exit_code = run_bench(o);
 #else
     std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());

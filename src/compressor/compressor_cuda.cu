@@ -9,6 +9,7 @@
 // or fixed). The ring (arbitrary block stride), caches (arbitrary page strides), slots and the
 // outputs of gather may have any alignment: the kernels test it per row.
 #include <atomic>
+#include <mutex>
 #include <string>
 
 #include "compressor/backend.hpp"
@@ -37,6 +38,36 @@ void set_stream_chunk_override(int programs) {
   g_stream_chunk.store(programs);
 }
 int stream_chunk_override() { return g_stream_chunk.load(std::memory_order_relaxed); }
+namespace {
+std::mutex g_taper_mu;
+StreamTaper g_taper;
+std::atomic<bool> g_taper_set{false};  // launches read the override only when one is set
+}  // namespace
+void set_stream_taper_override(const StreamTaper& t) {
+  auto bad = [](const char* which, int k, double w, int c) {
+    invalid_argument(std::string("stream taper override: ") + which + " part " + std::to_string(k) + ": " +
+                     std::to_string(w) + " waves, chunk " + std::to_string(c) + ", expected waves in (0, 1000] and a chunk in [1, " +
+                     std::to_string(kChunkSmall - 1) + "]");
+  };
+  if (t.nhead < 0 || t.nhead > kStreamHeadMax || t.ntail < 0 || t.ntail > kStreamTailMax)
+    invalid_argument("stream taper override: " + std::to_string(t.nhead) + " head and " + std::to_string(t.ntail) +
+                     " tail parts, expected at most " + std::to_string(kStreamHeadMax) + " and " +
+                     std::to_string(kStreamTailMax));
+  for (int k = 0; k < t.nhead; ++k)
+    if (!(t.head_waves[k] > 0.0 && t.head_waves[k] <= 1000.0) || t.head_chunk[k] < 1 || t.head_chunk[k] >= kChunkSmall)
+      bad("head", k, t.head_waves[k], t.head_chunk[k]);
+  for (int k = 0; k < t.ntail; ++k)
+    if (!(t.tail_waves[k] > 0.0 && t.tail_waves[k] <= 1000.0) || t.tail_chunk[k] < 1 || t.tail_chunk[k] >= kChunkSmall)
+      bad("tail", k, t.tail_waves[k], t.tail_chunk[k]);
+  std::lock_guard<std::mutex> lock(g_taper_mu);
+  g_taper = t;
+  g_taper_set.store(t.set);
+}
+StreamTaper stream_taper_override() {
+  if (!g_taper_set.load(std::memory_order_acquire)) return {};
+  std::lock_guard<std::mutex> lock(g_taper_mu);
+  return g_taper;
+}
 
 namespace {
 

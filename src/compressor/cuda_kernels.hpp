@@ -11,8 +11,18 @@
 #include <cstdint>
 
 #include "compressor/cuda_common.cuh"
+#include "compressor/cuda_tuning.hpp"
 
 namespace dsv41kv::detail::cuda {
+
+// One segment of the ratio-1 streaming grid: warps [w0, next segment's w0) split the tokens
+// [t0, t0 + tokens) evenly, q = tokens / warps and r = tokens % warps computed on the host
+// (stream_share). The first segment starts at warp 0 and token 0; unused segments (at the end)
+// have w0 = INT64_MAX.
+struct StreamSeg {
+  int64_t w0 = INT64_MAX, t0 = 0, q = 0, r = 0;
+};
+inline constexpr int kStreamSegs = kStreamHeadMax + 1 + kStreamTailMax;  // head, body, tail
 
 // One fused save-compress-norm [+ insert] launch (SPEC 4.4-4.6, 5.1, 7.5).
 //
@@ -58,9 +68,9 @@ struct CompressParams {
   int64_t prev_stride = 0, prev_count = 0;
   const int64_t* prev_idx = nullptr;  // [prev_n]
   int64_t prev_n = 0;
-  // ratio-1 streaming kernel only (set by its launcher): N / W and N % W for the grid's W warps
-  // (stream_share)
-  int64_t share_q = 0, share_r = 0;
+  // ratio-1 streaming kernel only (set by its launcher from stream_split_r1): the grid's warps
+  // in kStreamSegs segments, see StreamSeg and stream_range
+  StreamSeg seg[kStreamSegs] = {};
 };
 // byte offsets inside the parameter bank (struct offset + 0x210)
 inline constexpr size_t kParamBankBase = 0x210;
@@ -94,6 +104,106 @@ inline int64_t stream_blocks_r1(int64_t N, int64_t C, int64_t fit) {
   const int64_t wide = ((N + kStreamMinTokensPerWarp - 1) / kStreamMinTokensPerWarp + 3) / 4;
   const int64_t w = wide < fit ? wide : fit;
   return blocks > w ? blocks : w;
+}
+
+// A head or tail part of a shaped ratio-1 grid: `warps` warps of at most `chunk` tokens each.
+struct StreamPart {
+  int64_t warps = 0, chunk = 0;
+};
+// The shape of a ratio-1 grid: head parts (the first tokens, in order), the body (the rest, in
+// chunks of C), tail parts (the last tokens, the last part taking the last ones).
+struct StreamShape {
+  int nhead = 0;
+  StreamPart head[kStreamHeadMax];
+  int ntail = 0;
+  StreamPart tail[kStreamTailMax];
+};
+// The ratio-1 grid and its split of N tokens (CompressParams::seg). Without head or tail parts:
+// the grid of stream_blocks_r1, every warp one share of an even split (one chunk C, or less when
+// a small grid is widened). With them (every part's chunk below C): head part k takes the next
+// min(left, warps * chunk) tokens from the start, tail part k (from the last one backwards)
+// from the end, the body the rest in chunks of C; each part's warps at most its chunk; whole
+// blocks (the padding warps join the last segment). Why shapes: the block scheduler starts
+// blocks in index order, so tail warps with short shares start last and the grid's last blocks
+// end close together instead of one chunk-C block lifetime apart; head warps of different
+// lengths end at different times, so the first wave's blocks are not all replaced at once.
+struct StreamSplitR1 {
+  int64_t blocks = 0;
+  StreamSeg seg[kStreamSegs] = {};
+};
+inline StreamSplitR1 stream_split_r1(int64_t N, int64_t C, int64_t fit, const StreamShape& shape = {}) {
+  StreamSplitR1 s;
+  bool shaped = N > 0 && (shape.nhead > 0 || shape.ntail > 0) && shape.nhead >= 0 && shape.nhead <= kStreamHeadMax &&
+                shape.ntail >= 0 && shape.ntail <= kStreamTailMax;
+  for (int k = 0; shaped && k < shape.nhead; ++k)
+    shaped = shape.head[k].warps > 0 && shape.head[k].chunk > 0 && shape.head[k].chunk < C;
+  for (int k = 0; shaped && k < shape.ntail; ++k)
+    shaped = shape.tail[k].warps > 0 && shape.tail[k].chunk > 0 && shape.tail[k].chunk < C;
+  if (!shaped) {
+    s.blocks = stream_blocks_r1(N, C, fit);
+    const int64_t W = 4 * s.blocks;
+    s.seg[0].w0 = 0;
+    s.seg[0].q = N / W;
+    s.seg[0].r = N % W;
+    return s;
+  }
+  // parts in token order: heads, the body, tails
+  const int n = shape.nhead + 1 + shape.ntail;
+  int64_t tokens[kStreamSegs] = {}, warps[kStreamSegs] = {}, chunk[kStreamSegs] = {};
+  for (int k = 0; k < shape.nhead; ++k) chunk[k] = shape.head[k].chunk;
+  chunk[shape.nhead] = C;
+  for (int k = 0; k < shape.ntail; ++k) chunk[shape.nhead + 1 + k] = shape.tail[k].chunk;
+  int64_t left = N;
+  for (int k = 0; k < shape.nhead; ++k) {
+    const int64_t cap = shape.head[k].warps * shape.head[k].chunk;
+    tokens[k] = left < cap ? left : cap;
+    left -= tokens[k];
+  }
+  for (int k = shape.ntail - 1; k >= 0; --k) {
+    const int64_t cap = shape.tail[k].warps * shape.tail[k].chunk;
+    tokens[shape.nhead + 1 + k] = left < cap ? left : cap;
+    left -= tokens[shape.nhead + 1 + k];
+  }
+  tokens[shape.nhead] = left;
+  int64_t W = 0;
+  for (int k = 0; k < n; ++k) {
+    warps[k] = (tokens[k] + chunk[k] - 1) / chunk[k];
+    W += warps[k];
+  }
+  const int64_t Wb = (W + 3) / 4 * 4;
+  int last = n - 1;
+  while (last > 0 && warps[last] == 0) --last;
+  warps[last] += Wb - W;
+  s.blocks = Wb / 4;
+  int64_t w0 = 0, t0 = 0;
+  int used = 0;
+  for (int k = 0; k < n; ++k) {
+    if (warps[k] == 0) continue;  // no warps, no tokens: not a segment
+    s.seg[used].w0 = w0;
+    s.seg[used].t0 = t0;
+    s.seg[used].q = tokens[k] / warps[k];
+    s.seg[used].r = tokens[k] % warps[k];
+    ++used;
+    w0 += warps[k];
+    t0 += tokens[k];
+  }
+  return s;
+}
+// Tokens [lo, hi) of warp w: the last segment that starts at or before w.
+DSV41KV_HD void stream_range(int64_t w, const StreamSeg (&seg)[kStreamSegs], int64_t& lo, int64_t& hi) {
+  int64_t w0 = 0, t0 = 0, q = seg[0].q, r = seg[0].r;
+#pragma unroll
+  for (int k = 1; k < kStreamSegs; ++k) {
+    if (w >= seg[k].w0) {
+      w0 = seg[k].w0;
+      t0 = seg[k].t0;
+      q = seg[k].q;
+      r = seg[k].r;
+    }
+  }
+  stream_share(w - w0, q, r, lo, hi);
+  lo += t0;
+  hi += t0;
 }
 
 // Programs of a call: ratio 1: N; ratio 2: num_reqs + ceil(N / 2).

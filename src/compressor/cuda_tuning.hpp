@@ -17,4 +17,18 @@ inline constexpr int kChunkSmall = 16, kChunkLarge = 8;
 void set_stream_chunk_override(int programs);
 int stream_chunk_override();
 
+// Shape of the ratio-1 streaming grid (`dsv41kv bench --stream-head / --stream-tail
+// W,C[;W,C...]`): head part k has max(1, Wk x (resident warps)) warps of at most Ck tokens, the
+// same for the tail parts (stream_split_r1; parts with Ck >= the grid's chunk are left out).
+// `set` false (default): the library's own shape.
+inline constexpr int kStreamHeadMax = 2, kStreamTailMax = 3;
+struct StreamTaper {
+  bool set = false;
+  int nhead = 0, ntail = 0;
+  double head_waves[kStreamHeadMax] = {}, tail_waves[kStreamTailMax] = {};
+  int head_chunk[kStreamHeadMax] = {}, tail_chunk[kStreamTailMax] = {};
+};
+void set_stream_taper_override(const StreamTaper& t);
+StreamTaper stream_taper_override();
+
 }  // namespace dsv41kv::detail::cuda

@@ -139,6 +139,42 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
         }
 }
 
+// The ratio-1 streaming grid with head and tail parts (stream_split_r1: here parts of 0.05 and
+// 0.02 waves, i.e. 184 and 73 warps on an H200, so the grid has every kind of segment; the
+// test's batches are too small for the library's own shape, so the override sets one) writes
+// what the CPU writes, for every record and part chunk.
+TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
+  struct Restore {
+    ~Restore() {
+      detail::cuda::set_stream_chunk_override(0);
+      detail::cuda::set_stream_taper_override({});
+    }
+  } restore;
+  detail::cuda::set_stream_chunk_override(detail::cuda::kChunkLarge);
+  for (int chunk : {1, 3, detail::cuda::kChunkLarge - 1})
+    for (RecordFormat f : kFormats) {
+      detail::cuda::StreamTaper tp;  // head: 0.02 waves of 2; tail: 0.05 waves of `chunk`, 0.02 of 1
+      tp.set = true;
+      tp.nhead = 1;
+      tp.head_waves[0] = 0.02;
+      tp.head_chunk[0] = 2;
+      tp.ntail = 2;
+      tp.tail_waves[0] = 0.05;
+      tp.tail_chunk[0] = chunk;
+      tp.tail_waves[1] = 0.02;
+      tp.tail_chunk[1] = 1;
+      detail::cuda::set_stream_taper_override(tp);
+      GpuBatchSpec s = shapes(1)[2];
+      s.format = f;
+      GpuBatch b = GpuBatch::make(s, rng());
+      GpuBatchDev d(b);
+      const bool with_latent = f != RecordFormat::NVFP4_288;
+      compress_insert(compress_insert_args(b, nullptr, with_latent));
+      compress_insert(compress_insert_args(b, &d, with_latent));
+      EXPECT_TRUE(outputs_equal(b, d, "part chunk " + std::to_string(chunk) + " " + name_of(s)));
+    }
+}
+
 // The fused launch equals the two separate CUDA kernels (compress, then insert) on the same
 // inputs, and those equal the CPU's compress + insert. Every ring and cache slot is valid here,
 // so every closing token with a cache slot emits a latent and both sequences write the same
