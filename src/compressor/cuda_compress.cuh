@@ -749,6 +749,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   int64_t t = -1, pos_t = 0, islot = -1;
   int s = 0, e = 0;  // request programs: chunk [s, e) (qsl entries are int32)
   int64_t sl_s = -1;  // slot of row s
+  float* ring_s = nullptr;  // its ring row (tail store)
   bool tail = false;
   float4 bkv, bsc = make_float4(0, 0, 0, 0), akv = bsc, asc = bsc;
   if constexpr (R == 1) {
@@ -788,6 +789,13 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
       asc = ld4_any(arow + kLatentDim + d0, a_al);
     }
     if (t < 0 && !tail) return;
+    if (tail) {
+      // row s's ring row, resolved here while the predecessor row is in flight: the tail store
+      // runs between the pool and the block barrier, on the program's critical path
+      int64_t blk, row;
+      divmod_fast(sl_s, p.cap_div, blk, row);
+      ring_s = p.ring + blk * p.ring_bs + row * p.ring_rs;
+    }
   } else {
     const int64_t t0 = 2 * (prog - p.num_reqs);
     if (t0 >= p.N) return;
@@ -821,19 +829,28 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
   }
 
   // tail store (SPEC 4.5) of a request program: rows [e - n, e) into the ring, ascending token
-  // order; row s is still in registers (bkv, bsc) and its slot in sl_s. Each thread writes only
+  // order; row s is still in registers (bkv, bsc) and its ring row in ring_s. Each thread writes only
   // the dims it read from the predecessor row, after the pool consumed them, so it can run
   // right after the pool: the stores drain while the RMS and the writer compute.
   auto tail_store = [&]() {
     if constexpr (R == 2) {
       if (!tail) return;
+      if (e - s == 1) {  // one token (decode): row s only, to the ring row resolved earlier
+        const bool d_al = aligned16(ring_s);
+        st4_any(ring_s + d0, bkv, d_al);
+        st4_any(ring_s + kLatentDim + d0, bsc, d_al);
+        return;
+      }
       const int n = static_cast<int64_t>(e - s) < p.cap_div.d ? e - s : static_cast<int>(p.cap_div.d);
       for (int tt = e - n; tt < e; ++tt) {
-        const int64_t st = tt == s ? sl_s : p.slot[tt];
-        if (st < 0 || st >= p.ring_slots) continue;
-        int64_t blk, row;
-        divmod_fast(st, p.cap_div, blk, row);
-        float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+        float* dst = ring_s;
+        if (tt != s) {
+          const int64_t st = p.slot[tt];
+          if (st < 0 || st >= p.ring_slots) continue;
+          int64_t blk, row;
+          divmod_fast(st, p.cap_div, blk, row);
+          dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+        }
         const bool d_al = aligned16(dst);
         if (tt == s) {
           st4_any(dst + d0, bkv, d_al);
