@@ -60,7 +60,20 @@ std::vector<GpuBatchSpec> shapes(int ratio) {
   return v;
 }
 
-class CompressorGpu : public GpuTest {};
+class CompressorGpu : public GpuTest {
+ protected:
+  // One fused launch (compress + insert, the latent too except for NVFP4) on a fresh batch of
+  // shape `s` on the CPU and on the GPU under the current tuning overrides: outputs byte for
+  // byte equal.
+  testing::AssertionResult fused_matches_cpu(const GpuBatchSpec& s, const std::string& what) {
+    GpuBatch b = GpuBatch::make(s, rng());
+    GpuBatchDev d(b);
+    const bool with_latent = s.format != RecordFormat::NVFP4_288;
+    compress_insert(compress_insert_args(b, nullptr, with_latent));
+    compress_insert(compress_insert_args(b, &d, with_latent));
+    return outputs_equal(b, d, what + " " + name_of(s));
+  }
+};
 
 TEST_F(CompressorGpu, CompressMatchesCpu) {
   for (int ratio : {1, 2})
@@ -130,12 +143,7 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
           GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
           s.format = f;
           s.pcp = pcp;
-          GpuBatch b = GpuBatch::make(s, rng());
-          GpuBatchDev d(b);
-          const bool with_latent = f != RecordFormat::NVFP4_288;
-          compress_insert(compress_insert_args(b, nullptr, with_latent));
-          compress_insert(compress_insert_args(b, &d, with_latent));
-          EXPECT_TRUE(outputs_equal(b, d, "chunk " + std::to_string(chunk) + " " + name_of(s)));
+          EXPECT_TRUE(fused_matches_cpu(s, "chunk " + std::to_string(chunk)));
         }
 }
 
@@ -166,12 +174,7 @@ TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
       detail::cuda::set_stream_taper_override(tp);
       GpuBatchSpec s = shapes(1)[2];
       s.format = f;
-      GpuBatch b = GpuBatch::make(s, rng());
-      GpuBatchDev d(b);
-      const bool with_latent = f != RecordFormat::NVFP4_288;
-      compress_insert(compress_insert_args(b, nullptr, with_latent));
-      compress_insert(compress_insert_args(b, &d, with_latent));
-      EXPECT_TRUE(outputs_equal(b, d, "part chunk " + std::to_string(chunk) + " " + name_of(s)));
+      EXPECT_TRUE(fused_matches_cpu(s, "part chunk " + std::to_string(chunk)));
     }
 }
 
