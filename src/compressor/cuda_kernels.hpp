@@ -127,8 +127,10 @@ struct StreamShape {
 // from the end, the body the rest in chunks of C; each part's warps at most its chunk; whole
 // blocks (the padding warps join the last segment). Why shapes: the block scheduler starts
 // blocks in index order, so tail warps with short shares start last and the grid's last blocks
-// end close together instead of one chunk-C block lifetime apart; head warps of different
-// lengths end at different times, so the first wave's blocks are not all replaced at once.
+// end close together instead of one chunk-C block lifetime apart (the launcher's default, see
+// launch_compress_stream_c). Head parts (first-wave blocks of different lengths, so that they
+// are not all replaced at once) measured no gain at 256K; they stay for experiments
+// (`dsv41kv bench --stream-head`).
 struct StreamSplitR1 {
   int64_t blocks = 0;
   StreamSeg seg[kStreamSegs] = {};
