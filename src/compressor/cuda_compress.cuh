@@ -731,8 +731,9 @@ struct G4Token {
 
 // kPcp (ratio 2 only) = p.pcp: the PCP launches (prev_rows lookups, no tail store) are their own
 // instantiation, so that the others never read the PCP fields: every parameter line a decode
-// kernel touches costs ~0.13 us per launch (session 7: one more line, 2.09 -> 2.22 us for
-// ratio-1 decode), and the PCP test compiled into LDCs of line 0x300 at every request program.
+// kernel touches costs time per launch (session 7: one more line, 2.09 -> 2.22 us for ratio-1
+// decode; this one less, -0.06 to -0.08 us for ratio 2), and the PCP test compiled into LDCs of
+// line 0x300 at every request program.
 template <int R, int F, bool kPcp = false>
 __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
   __shared__ __align__(16) float pooled[kPooledFloats];

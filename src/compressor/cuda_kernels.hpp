@@ -35,9 +35,9 @@ inline constexpr int kStreamSegs = kStreamHeadMax + 1 + kStreamTailMax;  // head
 // ratio 1 decode touches 3 lines (0x200: the flags, N, kv, kv_stride, slot, pos; 0x240: norm_w
 // .. cache.page_stride_bytes; 0x280: the rest of the cache), ratio 2 one more (0x2c0: the
 // ring); only the PCP instantiation of the decode kernel reads the PCP fields (line 0x300).
-// Each line costs ~0.13 us per decode launch even when its miss overlaps the others' (session
-// 7: a bank relaid for fewer serialised misses but one more line for ratio 1 was 0.13 us
-// slower), so the count of lines is what matters. The static_asserts below keep the groups
+// Lines cost time per decode launch even when their misses overlap (session 7: a bank relaid for
+// fewer serialised misses but one more line for ratio 1 was 0.12-0.16 us slower; the PCP line
+// less for ratio 2 saved 0.06-0.08 us), so the count of lines is what matters. The static_asserts below keep the groups
 // inside their lines.
 struct CompressParams {
   // line 0x200 (48 bytes after the driver's 16): what every program reads first
