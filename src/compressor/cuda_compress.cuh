@@ -58,6 +58,13 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
   }
 }
 
+// The ring row of ring slot `slot` (already bounded): block slot / cap, row slot % cap.
+__device__ __forceinline__ float* ring_row(const CompressParams& p, int64_t slot) {
+  int64_t blk, row;
+  divmod_fast(slot, p.cap_div, blk, row);
+  return p.ring + blk * p.ring_bs + row * p.ring_rs;
+}
+
 // The predecessor row of a ratio-2 request program whose first token closes a group (SPEC 4.4,
 // 7.5): under PCP the gathered row prev_rows[g] when the link found one (g: prev_row_indices of
 // the request, -1 when none or not PCP), otherwise the ring row of position ps - 1 in the block
@@ -672,9 +679,7 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
       const int64_t tt = e - n + kk;
       const int64_t st = p.slot[tt];
       if (st < 0 || st >= p.ring_slots) continue;
-      int64_t blk, row;
-      divmod_fast(st, p.cap_div, blk, row);
-      float* dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+      float* dst = ring_row(p, st);
       const bool d_al = aligned16(dst);
       const float* src = p.kv + tt * p.kv_stride;
       float4 v[8];
@@ -793,9 +798,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     if (tail) {
       // row s's ring row, resolved here while the predecessor row is in flight: the tail store
       // runs between the pool and the block barrier, on the program's critical path
-      int64_t blk, row;
-      divmod_fast(sl_s, p.cap_div, blk, row);
-      ring_s = p.ring + blk * p.ring_bs + row * p.ring_rs;
+      ring_s = ring_row(p, sl_s);
     }
   } else {
     const int64_t t0 = 2 * (prog - p.num_reqs);
@@ -848,9 +851,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
         if (tt != s) {
           const int64_t st = p.slot[tt];
           if (st < 0 || st >= p.ring_slots) continue;
-          int64_t blk, row;
-          divmod_fast(st, p.cap_div, blk, row);
-          dst = p.ring + blk * p.ring_bs + row * p.ring_rs;
+          dst = ring_row(p, st);
         }
         const bool d_al = aligned16(dst);
         if (tt == s) {
