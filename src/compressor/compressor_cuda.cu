@@ -8,6 +8,7 @@
 // table must have 16-byte aligned data pointers (their row strides are multiples of 16 elements
 // or fixed). The ring (arbitrary block stride), caches (arbitrary page strides), slots and the
 // outputs of gather may have any alignment: the kernels test it per row.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -42,31 +43,59 @@ namespace {
 std::mutex g_taper_mu;
 StreamTaper g_taper;
 std::atomic<bool> g_taper_set{false};  // launches read the override only when one is set
-}  // namespace
-void set_stream_taper_override(const StreamTaper& t) {
-  auto bad = [](const char* which, int k, double w, int c) {
-    invalid_argument(std::string("stream taper override: ") + which + " part " + std::to_string(k) + ": " +
-                     std::to_string(w) + " waves, chunk " + std::to_string(c) + ", expected waves in (0, 1000] and a chunk in [1, " +
-                     std::to_string(kChunkSmall - 1) + "]");
-  };
-  if (t.nhead < 0 || t.nhead > kStreamHeadMax || t.ntail < 0 || t.ntail > kStreamTailMax)
-    invalid_argument("stream taper override: " + std::to_string(t.nhead) + " head and " + std::to_string(t.ntail) +
-                     " tail parts, expected at most " + std::to_string(kStreamHeadMax) + " and " +
-                     std::to_string(kStreamTailMax));
-  for (int k = 0; k < t.nhead; ++k)
-    if (!(t.head_waves[k] > 0.0 && t.head_waves[k] <= 1000.0) || t.head_chunk[k] < 1 || t.head_chunk[k] >= kChunkSmall)
-      bad("head", k, t.head_waves[k], t.head_chunk[k]);
-  for (int k = 0; k < t.ntail; ++k)
-    if (!(t.tail_waves[k] > 0.0 && t.tail_waves[k] <= 1000.0) || t.tail_chunk[k] < 1 || t.tail_chunk[k] >= kChunkSmall)
-      bad("tail", k, t.tail_waves[k], t.tail_chunk[k]);
-  std::lock_guard<std::mutex> lock(g_taper_mu);
-  g_taper = t;
-  g_taper_set.store(t.set);
-}
+
 StreamTaper stream_taper_override() {
   if (!g_taper_set.load(std::memory_order_acquire)) return {};
   std::lock_guard<std::mutex> lock(g_taper_mu);
   return g_taper;
+}
+}  // namespace
+
+void set_stream_taper_override(const StreamTaper& t) {
+  if (t.nhead < 0 || t.nhead > kStreamHeadMax || t.ntail < 0 || t.ntail > kStreamTailMax)
+    invalid_argument("stream taper override: " + std::to_string(t.nhead) + " head and " + std::to_string(t.ntail) +
+                     " tail parts, expected at most " + std::to_string(kStreamHeadMax) + " and " +
+                     std::to_string(kStreamTailMax));
+  auto check = [](const char* which, const double* waves, const int* chunks, int n) {
+    for (int k = 0; k < n; ++k)
+      if (!(waves[k] > 0.0 && waves[k] <= 1000.0) || chunks[k] < 1 || chunks[k] >= kChunkSmall)
+        invalid_argument(std::string("stream taper override: ") + which + " part " + std::to_string(k) + ": " +
+                         std::to_string(waves[k]) + " waves, chunk " + std::to_string(chunks[k]) +
+                         ", expected waves in (0, 1000] and a chunk in [1, " + std::to_string(kChunkSmall - 1) + "]");
+  };
+  check("head", t.head_waves, t.head_chunk, t.nhead);
+  check("tail", t.tail_waves, t.tail_chunk, t.ntail);
+  std::lock_guard<std::mutex> lock(g_taper_mu);
+  g_taper = t;
+  g_taper_set.store(t.set);
+}
+
+// The launcher's shape (see cuda_kernels.hpp). Why a tapered tail: in a grid of one chunk per
+// warp the last wave's blocks start as the previous ones end, spread over one block lifetime
+// (~21 us at 256K), and end as spread out while DRAM empties; shorter shares at the end shorten
+// that ramp. 256K ratio 1 (session 7, medians of 2 runs, us): v4 185.0 -> 181.9, mxfp8 180.8 ->
+// 177.7, nvfp4 (chunk 16) 185.5 -> 180.4; one wave of 4 then one of 2: 182.6 / 178.3 / 181.2;
+// one wave of 2 alone: 182.2 / 177.8 / 183.6; head parts (shorter shares in the first wave) added
+// nothing.
+StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit) {
+  // Wk waves of the resident warps, at least one warp
+  const auto part = [&](double waves, int chunk) {
+    return StreamPart{std::max<int64_t>(1, static_cast<int64_t>(waves * 4.0 * static_cast<double>(fit))), chunk};
+  };
+  StreamShape shape;
+  const StreamTaper tp = stream_taper_override();
+  if (tp.set) {
+    for (int k = 0; k < tp.nhead; ++k)
+      if (tp.head_chunk[k] < C) shape.head[shape.nhead++] = part(tp.head_waves[k], tp.head_chunk[k]);
+    for (int k = 0; k < tp.ntail; ++k)
+      if (tp.tail_chunk[k] < C) shape.tail[shape.ntail++] = part(tp.tail_waves[k], tp.tail_chunk[k]);
+  } else if ((N + 4 * C - 1) / (4 * C) >= 2 * fit) {
+    shape.ntail = 3;
+    shape.tail[0] = part(0.5, 4);
+    shape.tail[1] = part(1.0, 2);
+    shape.tail[2] = part(0.25, 1);
+  }
+  return shape;
 }
 
 namespace {

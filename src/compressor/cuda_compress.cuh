@@ -977,32 +977,8 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     // ratio 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same
     // time on neighbouring rows.
     const int64_t fit = resident_blocks<R, F, C>();
-    // The grid's shape (stream_split_r1): stream_taper_override when one is set (any grid: the
-    // bench, the tests); otherwise, on grids of at least two waves of one chunk per warp, a
-    // tapered tail: half a wave of warps of 4 tokens, one wave of 2, a quarter wave of 1 (waves
-    // of resident warps). In a grid of one chunk per warp the last wave's blocks start as the
-    // previous ones end, spread over one block lifetime (~21 us at 256K), and end as spread out
-    // while DRAM empties; shorter shares at the end shorten that ramp. 256K ratio 1 (session 7,
-    // medians of 2 runs, us): v4 185.0 -> 181.9, mxfp8 180.8 -> 177.7, nvfp4 (chunk 16) 185.5 ->
-    // 180.4; one wave of 4 then one of 2: 182.6 / 178.3 / 181.2; one wave of 2 alone: 182.2 /
-    // 177.8 / 183.6; head parts (shorter shares in the first wave) added nothing.
-    const auto part = [&](double waves, int chunk) {
-      return StreamPart{std::max<int64_t>(1, static_cast<int64_t>(waves * 4.0 * static_cast<double>(fit))), chunk};
-    };
-    StreamShape shape;
-    const StreamTaper tp = stream_taper_override();
-    if (tp.set) {
-      for (int k = 0; k < tp.nhead; ++k)
-        if (tp.head_chunk[k] < C) shape.head[shape.nhead++] = part(tp.head_waves[k], tp.head_chunk[k]);
-      for (int k = 0; k < tp.ntail; ++k)
-        if (tp.tail_chunk[k] < C) shape.tail[shape.ntail++] = part(tp.tail_waves[k], tp.tail_chunk[k]);
-    } else if ((p.N + 4 * C - 1) / (4 * C) >= 2 * fit) {
-      shape.ntail = 3;
-      shape.tail[0] = part(0.5, 4);
-      shape.tail[1] = part(1.0, 2);
-      shape.tail[2] = part(0.25, 1);
-    }
-    const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, shape);
+    // the grid's shape: stream_shape_r1 (a tapered tail on large grids)
+    const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, stream_shape_r1(p.N, C, fit));
     blocks = sp.blocks;
     for (int k = 0; k < kStreamSegs; ++k) q.seg[k] = sp.seg[k];
   }

@@ -37,8 +37,8 @@ inline constexpr int kStreamSegs = kStreamHeadMax + 1 + kStreamTailMax;  // head
 // ring); only the PCP instantiation of the decode kernel reads the PCP fields (line 0x300).
 // Lines cost time per decode launch even when their misses overlap (session 7: a bank relaid for
 // fewer serialised misses but one more line for ratio 1 was 0.12-0.16 us slower; the PCP line
-// less for ratio 2 saved 0.06-0.08 us), so the count of lines is what matters. The static_asserts below keep the groups
-// inside their lines.
+// less for ratio 2 saved 0.06-0.08 us), so the count of lines is what matters. The
+// static_asserts below keep the groups inside their lines.
 struct CompressParams {
   // line 0x200 (48 bytes after the driver's 16): what every program reads first
   uint8_t early_meta = 0;           // ExecContext::pdl_early_metadata (decode kernel)
@@ -193,6 +193,13 @@ inline StreamSplitR1 stream_split_r1(int64_t N, int64_t C, int64_t fit, const St
   }
   return s;
 }
+// The shape the launcher gives a ratio-1 grid of N tokens in chunks of C with `fit` resident
+// blocks (host, compressor_cuda.cu): the bench / test override when one is set
+// (set_stream_taper_override), otherwise, on grids of at least two waves of one chunk per warp,
+// a tapered tail (half a wave of warps of at most 4 tokens, one wave of 2, a quarter wave of 1),
+// else none.
+StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit);
+
 // Tokens [lo, hi) of warp w: the last segment that starts at or before w.
 DSV41KV_HD void stream_range(int64_t w, const StreamSeg (&seg)[kStreamSegs], int64_t& lo, int64_t& hi) {
   int64_t w0 = 0, t0 = 0, q = seg[0].q, r = seg[0].r;

@@ -19,7 +19,7 @@ int stream_chunk_override();
 
 // Shape of the ratio-1 streaming grid (`dsv41kv bench --stream-head / --stream-tail
 // W,C[;W,C...]`): head part k has max(1, Wk x (resident warps)) warps of at most Ck tokens, the
-// same for the tail parts (stream_split_r1; parts with Ck >= the grid's chunk are left out).
+// same for the tail parts (stream_shape_r1; parts with Ck >= the grid's chunk are left out).
 // `set` false (default): the library's own shape.
 inline constexpr int kStreamHeadMax = 2, kStreamTailMax = 3;
 struct StreamTaper {
@@ -29,6 +29,5 @@ struct StreamTaper {
   int head_chunk[kStreamHeadMax] = {}, tail_chunk[kStreamTailMax] = {};
 };
 void set_stream_taper_override(const StreamTaper& t);
-StreamTaper stream_taper_override();
 
 }  // namespace dsv41kv::detail::cuda

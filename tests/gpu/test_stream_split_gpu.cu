@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compressor/cuda_kernels.hpp"
+#include "compressor/cuda_tuning.hpp"
 
 namespace dsv41kv::test {
 namespace {
@@ -19,6 +20,7 @@ using detail::cuda::stream_blocks_r1;
 using detail::cuda::stream_range;
 using detail::cuda::stream_split_r1;
 using detail::cuda::StreamSplitR1;
+using detail::cuda::stream_shape_r1;
 using detail::cuda::StreamShape;
 
 // Checks the split of N tokens over the grid stream_split_r1(N, C, fit, shape) picks (fatal
@@ -138,6 +140,40 @@ TEST(StreamSplitHost, ShapedGridsCoverEveryTokenOnce) {
   const StreamSplitR1 b = stream_split_r1(500, 8, 924, big);
   EXPECT_EQ(b.seg[1].t0, 200);  // the body is empty: segment 1 is tail part 0
   EXPECT_EQ(b.seg[2].t0, 300);
+}
+
+// The launcher's shape (stream_shape_r1): the tapered tail on grids of at least two waves of one
+// chunk per warp (in waves of the resident warps: half a wave of 4, one of 2, a quarter of 1),
+// none below; an override replaces it, its parts with a chunk >= C left out.
+TEST(StreamSplitHost, LauncherShapes) {
+  struct Restore {
+    ~Restore() { detail::cuda::set_stream_taper_override({}); }
+  } restore;
+  for (int64_t C : {8, 16}) {
+    const StreamShape s = stream_shape_r1(262144, C, 924);
+    ASSERT_EQ(s.nhead, 0);
+    ASSERT_EQ(s.ntail, 3);
+    const int64_t warps[3] = {1848, 3696, 924}, chunks[3] = {4, 2, 1};
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_EQ(s.tail[k].warps, warps[k]) << "C " << C << ", part " << k;
+      EXPECT_EQ(s.tail[k].chunk, chunks[k]) << "C " << C << ", part " << k;
+    }
+  }
+  // two waves of one chunk per warp: 2 * 924 blocks of 4 warps of 8 tokens
+  EXPECT_EQ(stream_shape_r1((2 * 924 - 1) * 32 + 1, 8, 924).ntail, 3);
+  EXPECT_EQ(stream_shape_r1((2 * 924 - 1) * 32, 8, 924).ntail, 0);
+  EXPECT_EQ(stream_shape_r1(32768, 16, 924).ntail, 0);
+  detail::cuda::StreamTaper tp;
+  tp.set = true;
+  tp.ntail = 1;
+  tp.tail_waves[0] = 0.5;
+  tp.tail_chunk[0] = 8;
+  detail::cuda::set_stream_taper_override(tp);
+  EXPECT_EQ(stream_shape_r1(262144, 8, 924).ntail, 0);  // chunk 8 is no taper of chunk 8
+  const StreamShape o = stream_shape_r1(1000, 16, 924);  // any grid size
+  ASSERT_EQ(o.ntail, 1);
+  EXPECT_EQ(o.tail[0].warps, 1848);
+  EXPECT_EQ(o.tail[0].chunk, 8);
 }
 
 TEST(StreamSplitHost, LargeGridsKeepOneChunkPerWarp) {
