@@ -622,38 +622,37 @@ void add_bench(CLI::App& app, int& exit_code) {
     if (!o.stream_head.empty() || !o.stream_tail.empty()) {
       detail::cuda::StreamTaper tp;
       tp.set = true;
-      // "W,C[;W,C...]" (at most `max` parts) into waves/chunks; "0" or "": none
-      auto parse = [&](const char* flag, const std::string& text, int max, double* waves, int* chunks, int& n) {
+      // "W,C[;W,C...]" (at most `max` parts) into waves/chunks; "0" or "": none. The values are
+      // checked by set_stream_taper_override.
+      auto parse = [](const std::string& text, int max, double* waves, int* chunks, int& n) {
         n = 0;
         if (text.empty() || text == "0") return true;
-        size_t at = 0;
-        while (at <= text.size()) {
+        for (size_t at = 0; at <= text.size(); ++n) {
           const size_t end = std::min(text.find(';', at), text.size());
-          const std::string one = text.substr(at, end - at);
-          double w = 0.0;
-          int c = 0;
           char extra = 0;
-          if (n >= max || std::sscanf(one.c_str(), "%lf,%d%c", &w, &c, &extra) != 2 || !(w > 0.0 && w <= 1000.0) ||
-              c < 1 || c >= detail::cuda::kChunkSmall) {
-            std::fprintf(stderr,
-                         "dsv41kv bench: %s %s: expected 0 or up to %d parts WAVES,CHUNK separated by ';' with "
-                         "WAVES in (0, 1000] and CHUNK in [1, %d]\n",
-                         flag, text.c_str(), max, detail::cuda::kChunkSmall - 1);
+          if (n >= max || std::sscanf(text.substr(at, end - at).c_str(), "%lf,%d%c", &waves[n], &chunks[n], &extra) != 2)
             return false;
-          }
-          waves[n] = w;
-          chunks[n] = c;
-          ++n;
           at = end + 1;
         }
         return true;
       };
-      if (!parse("--stream-head", o.stream_head, detail::cuda::kStreamHeadMax, tp.head_waves, tp.head_chunk, tp.nhead) ||
-          !parse("--stream-tail", o.stream_tail, detail::cuda::kStreamTailMax, tp.tail_waves, tp.tail_chunk, tp.ntail)) {
+      const bool head_ok = parse(o.stream_head, detail::cuda::kStreamHeadMax, tp.head_waves, tp.head_chunk, tp.nhead);
+      const bool tail_ok = parse(o.stream_tail, detail::cuda::kStreamTailMax, tp.tail_waves, tp.tail_chunk, tp.ntail);
+      if (!head_ok || !tail_ok) {
+        std::fprintf(stderr, "dsv41kv bench: %s %s: expected 0 or up to %d parts WAVES,CHUNK separated by ';'\n",
+                     head_ok ? "--stream-tail" : "--stream-head", (head_ok ? o.stream_tail : o.stream_head).c_str(),
+                     head_ok ? detail::cuda::kStreamTailMax : detail::cuda::kStreamHeadMax);
         exit_code = 2;
         return;
       }
-      detail::cuda::set_stream_taper_override(tp);
+      try {
+        detail::cuda::set_stream_taper_override(tp);
+      } catch (const Error& e) {
+        std::fprintf(stderr, "dsv41kv bench: --stream-head '%s' --stream-tail '%s': %s\n", o.stream_head.c_str(),
+                     o.stream_tail.c_str(), e.what());
+        exit_code = 2;
+        return;
+      }
     }
     exit_code = run_bench(o);
 #else

@@ -24,12 +24,19 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
       {"bench --program-warps 3", nullptr},
       {"bench --workload decode1", nullptr},
       {"bench --stream-chunk 12", "--stream-chunk"},
+      // the grid-shape flags are parsed in CUDA builds only (a CPU build stops at --device cuda)
+      {"bench --stream-tail '1,2;x'", built_with_cuda() ? "--stream-tail" : nullptr},
+      {"bench --stream-head '1,2;1,2;1,2'", built_with_cuda() ? "--stream-head" : nullptr},
+      {"bench --stream-tail 1,16", built_with_cuda() ? "chunk 16" : nullptr},
+      {"bench --stream-head 0,2", built_with_cuda() ? "0.000000 waves" : nullptr},
       {"bench --timing wallclock", "--timing"},
   };
   for (const Case& c : cases) {
     const CliRun r = run_cli(c.args, tmp);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out << r.err;
-    if (c.message != nullptr) EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
+    if (c.message != nullptr) {
+      EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
+    }
   }
 }
 
