@@ -158,6 +158,14 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
   }
 }
 
+// The packing e2m1_pack8 replaced (the tests' reference): byte b = code(2b) | code(2b+1) << 4 of
+// code word c[b] (codes in bits 0-3 and 16-19), pair by pair with shifts and masks.
+DSV41KV_HD uint32_t pack8_per_pair(const uint32_t (&c)[4]) {
+  uint32_t want = 0;
+  for (int b = 0; b < 4; ++b) want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
+  return want;
+}
+
 // The bf16x2 threshold products (mul.rn.bf16x2 on sm_90) against the fp32 thresholds' bf16
 // bits for every positive e4m3 scale byte, and e2m1_pack8 (byte permutation) against the
 // per-pair shifts and masks it replaced on pseudo-random code words (thread x, 4096 each).
@@ -177,13 +185,12 @@ __global__ void nv_pack_kernel(unsigned long long* mismatches, uint32_t* first) 
   }
   uint32_t x = tid * 2654435761u + 12345u;
   for (int j = 0; j < 4096; ++j) {
-    uint32_t c[4], want = 0;
+    uint32_t c[4];
     for (int b = 0; b < 4; ++b) {
       x = x * 1664525u + 1013904223u;
       c[b] = (x >> 8) & 0x000F000Fu;  // codes in bits 0-3 and 16-19, as e2m1_codes_bf16x2
-      want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
     }
-    if (e2m1_pack8(c) != want) {
+    if (e2m1_pack8(c) != pack8_per_pair(c)) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first, 0x80000000u | tid);
     }
@@ -354,11 +361,7 @@ TEST(FastMathHost, E2m1PackedBf16FallbackEqualsScalar) {
 TEST(FastMathHost, NibblePackingEqualsPerPairShifts) {
   // every code word of pair b alone (the others zero), then pseudo-random combinations
   int64_t bad = 0;
-  auto check = [&](const uint32_t (&c)[4]) {
-    uint32_t want = 0;
-    for (int b = 0; b < 4; ++b) want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
-    bad += e2m1_pack8(c) != want;
-  };
+  auto check = [&](const uint32_t (&c)[4]) { bad += e2m1_pack8(c) != pack8_per_pair(c); };
   for (int b = 0; b < 4; ++b)
     for (uint32_t lo = 0; lo < 16; ++lo)
       for (uint32_t hi = 0; hi < 16; ++hi) {
