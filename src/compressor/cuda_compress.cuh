@@ -697,9 +697,12 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 // thread gt owns dims [4*gt, 4*gt + 4) for the loads, the pool and the writer. A decode layer is
 // a chain of dependent round trips to memory, so the kernel is organised around latency:
 //  - at most two dependent rounds of loads before the compute:
-//      request program j: qsl[j], qsl[j+1] together with the metadata and the kv row of token j
-//        (speculation: in a decode-first batch qsl[j] == j; otherwise those loads are repeated
-//        for qsl[j], one round more), then the ring / prev_rows predecessor and the RoPE row;
+//      request program j: qsl[j], qsl[j+1] together with the metadata of token j
+//        (speculation: in a decode-first batch qsl[j] == j; otherwise the metadata is loaded
+//        again for qsl[j], one round more), then the kv row of s with its ring / prev_rows
+//        predecessor and the RoPE row (the row used to come with the metadata: moving it to
+//        the second round took 0.10-0.11 us off ratio-2 decode with per-layer buffers, none
+//        with shared ones; docs/perf-notes.md session 8);
 //      pair program k: pos, slot, t2r (, ins_slot) of both candidate tokens 2k and 2k+1, then
 //        qsl[req], the two kv rows and the RoPE row;
 //      ratio-1 program t: the kv row, slot, pos (, ins_slot), then the RoPE row (in flight
@@ -723,10 +726,16 @@ struct G4Token {
   float4 kv, sc;
   int64_t slot, pos, islot;
   __device__ __forceinline__ void load(const CompressParams& p, int64_t t, int d0) {
+    load_meta(p, t);
+    load_row(p, t, d0);
+  }
+  __device__ __forceinline__ void load_meta(const CompressParams& p, int64_t t) {
     slot = ld_early(p.slot + t);
     pos = ld_early(p.pos + t);
     islot = -1;
     if constexpr (F != kNoRecord) islot = ld_early(p.ins_slot + t);
+  }
+  __device__ __forceinline__ void load_row(const CompressParams& p, int64_t t, int d0) {
     pdl_wait();  // (returns at once when already waited / no dependency) before the kv row
     const float* row = p.kv + t * p.kv_stride;
     kv = ld4_early(row + d0);
@@ -772,20 +781,19 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     s = ld_early(p.qsl + prog);
     e = ld_early(p.qsl + prog + 1);
     G4Token<R, F> tk;
-    tk.load(p, jt, d0);
+    tk.load_meta(p, jt);
     int64_t g = -1;
     if constexpr (kPcp) {
       if (p.prev != nullptr && prog < p.prev_n) g = ld_early(p.prev_idx + prog);
     }
     if (s < 0 || s >= e || e > p.N) return;
-    if (s != jt) tk.load(p, s, d0);  // not decode-ordered: one more round
-    bkv = tk.kv;
-    bsc = tk.sc;
+    if (s != jt) tk.load_meta(p, s);  // not decode-ordered: one more round
     sl_s = tk.slot;
     islot = tk.islot;
     const int64_t ps = tk.pos;
     if (sl_s < 0 || sl_s >= p.ring_slots) return;
     tail = !kPcp;
+    pdl_wait();  // (pdl_early_metadata) before the ring, prev_rows and the kv row
     if (ps >= 0 && (ps & 1)) {
       t = s;
       pos_t = ps;
@@ -795,6 +803,10 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
       asc = ld4_any(arow + kLatentDim + d0, a_al);
     }
     if (t < 0 && !tail) return;
+    // row s itself, in flight with its predecessor row: the first round carries only metadata
+    tk.load_row(p, s, d0);
+    bkv = tk.kv;
+    bsc = tk.sc;
     if (tail) {
       // row s's ring row, resolved here while the predecessor row is in flight: the tail store
       // runs between the pool and the block barrier, on the program's critical path
