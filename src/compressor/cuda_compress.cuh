@@ -784,6 +784,9 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
     tk.load_meta(p, jt);
     int64_t g = -1;
     if constexpr (kPcp) {
+      // prev_row_indices may come from the kernel just before (the PCP link): read after the
+      // grid dependency, as the kv row used to be (pdl_early_metadata covers only the metadata)
+      pdl_wait();
       if (p.prev != nullptr && prog < p.prev_n) g = ld_early(p.prev_idx + prog);
     }
     if (s < 0 || s >= e || e > p.N) return;
