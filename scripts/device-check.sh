@@ -3,7 +3,7 @@
 #   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
 #   test      $BUILD/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
 #   sanitize  compute-sanitizer memcheck and racecheck on test_gpu's kernel tests
-#             (CompressorGpu, MetadataGpu, PcpGpu; the exhaustive math sweeps and the CLI-level
+#             (CompressorGpu, MetadataGpu, PcpGpu, PdlOrderGpu; the exhaustive math sweeps and the CLI-level
 #             GPU tests left out, see DSV41KV_SAN_FILTER)
 #   bench     dsv41kv bench --device cuda --json (and a table made from it)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
@@ -29,7 +29,7 @@ mkdir -p "$OUT"
 BUILD=${DSV41KV_DEVICE_BUILD:-build-device}
 JOBS=${DSV41KV_JOBS:-$(nproc)}
 ARCHS=${DSV41KV_CUDA_ARCHS:-}
-SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*:PcpGpu.*}
+SAN_FILTER=${DSV41KV_SAN_FILTER:-CompressorGpu.*:MetadataGpu.*:PcpGpu.*:PdlOrderGpu.*}
 ITERS=${DSV41KV_BENCH_ITERS:-50}
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then export PATH=/usr/local/cuda/bin:$PATH; fi
 if [ -z "${DSV41KV_CONFORMANCE_DIR:-}" ] && [ -d .devdeps/conformance ]; then
