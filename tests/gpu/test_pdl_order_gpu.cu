@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_util.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "gpu/gpu_batch.hpp"
 
@@ -27,7 +28,7 @@ __device__ unsigned long long global_ns() {
 // Lets the next kernel of the stream (launched with PDL) start, waits delay_ns, then copies n
 // indices from src to dst.
 __global__ void late_index_writer(const int64_t* src, int64_t* dst, int n, unsigned long long delay_ns) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  detail::pdl_allow_dependents();
   const unsigned long long t0 = global_ns();
   while (global_ns() - t0 < delay_ns) {
   }
