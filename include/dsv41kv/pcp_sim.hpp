@@ -76,6 +76,11 @@ struct SimConfig {
   // host-side checks see the GPU's bytes, copied back after every step.
   Device device = Device::CPU;
   int cuda_device = 0;
+  // Host memory the simulation may allocate (0: no limit). The constructor estimates its caches,
+  // rings, references and the ranks' largest step buffers before allocating anything and rejects
+  // a workload that needs more (E8), naming what drives the size; the CLI passes the machine's
+  // physical memory.
+  int64_t max_host_bytes = 0;
 };
 
 struct Mismatch {

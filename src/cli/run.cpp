@@ -133,6 +133,13 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
 int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
 int launch_workers(const RunOptions& o, int P);
 
+// The machine's physical memory: the simulation's limit (SimConfig::max_host_bytes), so that a
+// workload too large for it is rejected (exit 2) before anything is allocated.
+int64_t physical_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * static_cast<int64_t>(page) : 0;
+}
+
 int run_command(const RunOptions& o) {
   pcp::WorkloadConfig wc;
   wc.seed = o.seed;
@@ -151,6 +158,7 @@ int run_command(const RunOptions& o) {
   sc.states_per_page = o.states_per_page;
   sc.placement = pcp::parse_placement(o.placement);
   sc.num_speculative_tokens = o.num_spec;
+  sc.max_host_bytes = physical_memory_bytes();
   if (o.mutation == "drop-gathered-predecessors") sc.mutation = pcp::Mutation::kDropGatheredPredecessors;
   else if (o.mutation == "reverse-tie-break") sc.mutation = pcp::Mutation::kReverseTieBreak;
   else if (o.mutation == "skip-save-ring-rows") sc.mutation = pcp::Mutation::kSkipSaveRingRows;
@@ -467,7 +475,7 @@ void add_run(CLI::App& app, int& exit_code) {
   static RunOptions o;
   cmd->add_option("--pcp", o.pcp, "PCP sizes P[,P...] (1..64)")->capture_default_str();
   cmd->add_option("--steps", o.steps, "stop after this many steps (0: until every request finished)")
-      ->check(CLI::NonNegativeNumber)->capture_default_str();
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))->capture_default_str();
   cmd->add_option("--requests", o.requests, "number of requests")->check(CLI::Range(1, 100000))->capture_default_str();
   cmd->add_option("--prompt-len", o.prompt_len, "prompt tokens to prefill, MIN:MAX")->capture_default_str();
   cmd->add_option("--start", o.start, "num_computed at admission (continued prefill), MIN:MAX")->capture_default_str();
@@ -480,9 +488,9 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--format", o.format, "compressed-cache formats: all or a list of v4_584,mxfp8_528,nvfp4_288,bf16,fp8")->capture_default_str();
   cmd->add_option("--ratio", o.ratio, "compress ratio of the kv-source layer (1 or 2)")->check(CLI::IsMember({1, 2}))->capture_default_str();
   cmd->add_option("--null-fraction", o.null_fraction, "share of null-block requests")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-  cmd->add_option("--graph-pad", o.graph_pad, "round padded up to a multiple of this (0: none)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--states-per-page", o.states_per_page, "compressed states per page (0: 64 / ratio)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--num-speculative-tokens", o.num_spec, "speculative tokens (rejected with P > 1, E6)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--graph-pad", o.graph_pad, "round padded up to a multiple of this (0: none)")->check(CLI::Range(0, 1 << 16))->capture_default_str();
+  cmd->add_option("--states-per-page", o.states_per_page, "compressed states per page (0: 64 / ratio)")->check(CLI::Range(0, 1 << 16))->capture_default_str();
+  cmd->add_option("--num-speculative-tokens", o.num_spec, "speculative tokens (rejected with P > 1, E6)")->check(CLI::Range(0, 1 << 10))->capture_default_str();
   cmd->add_flag("--json", o.json, "machine-readable output");
   // Test-only: break the PCP step on purpose to show that --verify catches it (hidden).
   cmd->add_option("--mutation", o.mutation, "")
@@ -505,7 +513,7 @@ void add_run(CLI::App& app, int& exit_code) {
                                               "other rank must end with an error naming itself within --timeout")
       ->check(CLI::Range(-1, 63))->capture_default_str();
   cmd->add_option("--kill-at-step", o.kill_at_step, "--kill-rank: ... at the start of this step (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
   cmd->callback([&exit_code] { exit_code = run_command(o); });
 }
 

@@ -179,6 +179,49 @@ struct Simulation::Impl {
   void run_rank(Communicator& comm);
 };
 
+// Largest states_per_page the simulation takes (pages of 64 / ratio states are the model's; larger
+// ones are for tests of the paged layout).
+constexpr int64_t kMaxStatesPerPage = int64_t{1} << 16;
+
+// The host bytes a simulation allocates, estimated before it allocates anything: per rank held
+// by this process its compressed caches (every format), its ring and its largest step buffers
+// (kv_score rows, latents, the gathered latents of all P ranks), plus the single-rank references'
+// caches and rings (tail and open-row policies). Padded rows are bounded by the step's token
+// count rounded up to the graph-pad multiple. Rejects (E8) when cfg.max_host_bytes > 0 and the
+// estimate exceeds it, so that an oversized workload is an error before any work, not a
+// bad_alloc halfway.
+void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with_reference, bool external, int64_t S,
+                       int64_t num_pages, int64_t cap, int64_t ring_blocks) {
+  if (cfg.max_host_bytes <= 0) return;
+  double cache = 0.0;
+  for (RecordFormat f : cfg.formats)
+    cache += static_cast<double>(record_info(f).record_bytes) * static_cast<double>(num_pages) * static_cast<double>(S);
+  const double ring = cfg.ratio == 2 ? static_cast<double>(ring_blocks) * static_cast<double>(cap) * kRingRowFloats * 4.0 : 0.0;
+  int64_t max_tokens = 0;
+  for (const auto& step : w.steps) {
+    int64_t t = 0;
+    for (const auto& r : step) t += r.req.query_len;
+    max_tokens = std::max(max_tokens, t);
+  }
+  const int64_t mult = std::max<int64_t>(w.config.graph_pad_multiple, 1);
+  const double padded = static_cast<double>((max_tokens + mult - 1) / mult * mult);
+  const double step = padded * (512.0 * cfg.ratio * 4.0 + kLatentDim * 2.0 * (1.0 + P));
+  const double ranks = external ? 1.0 : static_cast<double>(P);
+  const double refs = with_reference ? cache + 2.0 * ring : 0.0;
+  const double total = ranks * (cache + ring + step) + refs;
+  if (total <= static_cast<double>(cfg.max_host_bytes)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  invalid_argument(
+       fmt::format("simulation: needs about {:.1f} GiB of host memory, more than max_host_bytes = {:.1f} GiB: {} "
+                   "rank(s) x (caches {:.2f} GiB [{} pages x {} states x {} format(s)] + ring {:.2f} GiB [{} blocks x "
+                   "capacity {}] + step buffers {:.2f} GiB [up to {} padded rows]){} (expected fewer requests or "
+                   "tokens, a smaller states_per_page, num_speculative_tokens or graph_pad_multiple, or fewer ranks)",
+                   total / kGiB, static_cast<double>(cfg.max_host_bytes) / kGiB, external ? 1 : P, cache / kGiB,
+                   num_pages, S, cfg.formats.size(), ring / kGiB, ring_blocks, cap, step / kGiB,
+                   static_cast<int64_t>(padded),
+                   with_reference ? fmt::format(" + references {:.2f} GiB", refs / kGiB) : std::string()));
+}
+
 Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference,
                        Communicator* external)
     : impl_(new Impl) {
@@ -205,6 +248,11 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   m.w = w;
   m.P = P;
   m.with_ref = with_reference;
+  if (cfg.states_per_page < 0 || cfg.states_per_page > kMaxStatesPerPage)
+    invalid_argument(fmt::format("simulation: states_per_page = {} (expected 0 for 64 / ratio, or 1..{})",
+                                 cfg.states_per_page, kMaxStatesPerPage));
+  if (cfg.max_host_bytes < 0)
+    invalid_argument(fmt::format("simulation: max_host_bytes = {} (expected >= 0; 0: no limit)", cfg.max_host_bytes));
   m.S = cfg.states_per_page > 0 ? cfg.states_per_page : 64 / cfg.ratio;
   m.cap = ring_capacity(cfg.num_speculative_tokens);
   int32_t max_block = 0;
@@ -222,6 +270,7 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
     m.max_pages = std::max(m.max_pages, need[i]);
     if (!r.null_block) total += need[i];
   }
+  check_host_memory(cfg, w, P, with_reference, external != nullptr, m.S, total + 1, m.cap, m.ring_blocks);
   std::vector<int32_t> pages(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) pages[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
   for (int64_t i = total - 1; i > 0; --i)

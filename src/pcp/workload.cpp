@@ -26,7 +26,8 @@ void validate(const WorkloadConfig& c) {
   if (c.max_num_seqs < 1 || c.max_num_seqs > 65536) bad("max_num_seqs", c.max_num_seqs, "1..65536");
   if (!(c.null_block_fraction >= 0.0 && c.null_block_fraction <= 1.0))
     invalid_argument(fmt::format("workload: null_block_fraction = {} (expected 0..1)", c.null_block_fraction));
-  if (c.graph_pad_multiple < 0) bad("graph_pad_multiple", c.graph_pad_multiple, ">= 0");
+  if (c.graph_pad_multiple < 0 || c.graph_pad_multiple > (1 << 16))
+    bad("graph_pad_multiple", c.graph_pad_multiple, "0..2^16");
   if (c.max_steps < 0) bad("max_steps", c.max_steps, ">= 0");
 }
 

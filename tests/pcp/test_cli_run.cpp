@@ -74,6 +74,22 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   EXPECT_EQ(run("--ratio 4").code, 2);
   EXPECT_EQ(run("--format v9").code, 2);
   EXPECT_EQ(run("--no-such-flag").code, 2);
+  // sizes: out of range is exit 2 naming the flag, before anything is allocated (these used to
+  // end in std::bad_alloc, exit 3)
+  for (const std::string flag : {"--graph-pad 99999999999", "--states-per-page 99999999999",
+                                 "--num-speculative-tokens 99999999999999999999", "--steps abc",
+                                 "--steps -3"}) {
+    const CliRun r = run(flag);
+    EXPECT_EQ(r.code, 2) << flag << "\n" << r.err;
+    EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << flag << ": " << r.err;
+  }
+  // in range, but more than any machine's memory (a 2048-row ring for each of 100000 requests,
+  // ~800 GiB, and a 65536-state page per request and format, ~17 PiB): rejected by the
+  // simulation's estimate
+  const CliRun big = run("--pcp 1 --requests 100000 --num-speculative-tokens 1024 --states-per-page 65536 --steps 1");
+  EXPECT_EQ(big.code, 2) << big.err;
+  EXPECT_NE(big.err.find("needs about"), std::string::npos) << big.err;
+  EXPECT_NE(big.err.find("capacity 2048"), std::string::npos) << big.err;
   const CliRun e6 = run("--pcp 2 --num-speculative-tokens 1");
   EXPECT_EQ(e6.code, 2);
   EXPECT_NE(e6.err.find("E6:"), std::string::npos) << e6.err;

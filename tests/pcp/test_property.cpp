@@ -226,6 +226,46 @@ TEST(PcpSimulation, SpeculativeDecodingWithPcpIsE6) {
   }
 }
 
+// Oversized configurations are rejected in the constructor, before anything is allocated, with the
+// sizes that drive the estimate; sizes inside the limit run; out-of-range sizes are E8.
+TEST(PcpSimulation, HostMemoryLimitIsCheckedBeforeAllocating) {
+  const Workload w = generate_workload(random_config(3));
+  SimConfig sc;
+  sc.max_host_bytes = 64 * 1024;  // far below the caches of any workload
+  try {
+    Simulation sim(sc, w, 2, true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    const std::string m = e.what();
+    EXPECT_NE(m.find("max_host_bytes"), std::string::npos) << m;
+    EXPECT_NE(m.find("2 rank(s)"), std::string::npos) << m;
+    EXPECT_NE(m.find("references"), std::string::npos) << m;
+  }
+  // a ring too large for the limit: 2^10 speculative tokens -> capacity 2048 per request
+  SimConfig spec;
+  spec.num_speculative_tokens = 1 << 10;
+  spec.max_host_bytes = int64_t{1} << 30;
+  WorkloadConfig many = random_config(4);
+  many.num_requests = 1000;
+  try {
+    Simulation sim(spec, generate_workload(many), 1, false);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("capacity 2048"), std::string::npos) << e.what();
+  }
+  sc.max_host_bytes = int64_t{1} << 30;  // enough
+  EXPECT_NO_THROW(Simulation(sc, w, 2, true));
+  sc.max_host_bytes = -1;
+  EXPECT_THROW(Simulation(sc, w, 1, false), Error);
+  sc.max_host_bytes = 0;
+  sc.states_per_page = (1 << 16) + 1;
+  EXPECT_THROW(Simulation(sc, w, 1, false), Error);
+  WorkloadConfig pad = random_config(5);
+  pad.graph_pad_multiple = (1 << 16) + 1;
+  EXPECT_THROW(generate_workload(pad), Error);
+}
+
 TEST(PcpSimulation, WorkloadIsDeterministicAndIndependentOfP) {
   const WorkloadConfig c = random_config(42);
   const Workload a = generate_workload(c), b = generate_workload(c);
