@@ -117,6 +117,10 @@ FileMeta parse_meta(const SafetensorsFile& f) {
   FileMeta m;
   m.ratio = static_cast<int>(need_int(j, "compress_ratio", path, "", 1, 2));
   m.eps = need_num(j, "rms_norm_eps", path);
+  // compress takes eps >= 0 (finite); a file saying otherwise is malformed (exit 2), not a case
+  // that fails against its reference
+  if (!(std::isfinite(m.eps) && m.eps >= 0.0))
+    bad_file(path, fmt::format("metadata 'rms_norm_eps' is {}, expected a finite value >= 0", m.eps));
   m.cap = need_int(j, "ring_capacity", path, "", 1, 1 << 20);
   m.S = need_int(j, "states_per_page", path, "", 1, 1 << 20);
   m.canary = static_cast<uint8_t>(need_int(j, "canary", path, "", 0, 255));

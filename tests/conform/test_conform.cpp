@@ -130,6 +130,26 @@ TEST(ConformCli, MalformedOrMissingFileExits2) {
     EXPECT_EQ(r.code, 2);
     EXPECT_NE(r.err.find("c3.cache_v4_584"), std::string::npos) << r.err;
   }
+  {  // metadata the ops would reject: a negative rms_norm_eps is a bad file, not a failed case
+    const auto f = SafetensorsFile::load(shipped(kR2));
+    SafetensorsWriter w;
+    for (const auto& t : f.names()) w.add_from(f, t);
+    for (const auto& [k, v] : f.metadata()) {
+      std::string meta = v;
+      if (k == "dsv41") {
+        const size_t at = meta.find("\"rms_norm_eps\": ");
+        ASSERT_NE(at, std::string::npos) << meta.substr(0, 200);
+        const size_t end = meta.find(',', at);
+        meta = meta.substr(0, at) + "\"rms_norm_eps\": -1.0" + meta.substr(end);
+      }
+      w.set_metadata(k, meta);
+    }
+    const std::string p = tmp / "eps.safetensors";
+    w.write(p);
+    const CliRun r = conform_cli("'" + p + "'", tmp);
+    EXPECT_EQ(r.code, 2) << r.out << r.err;
+    EXPECT_NE(r.err.find("rms_norm_eps"), std::string::npos) << r.err;
+  }
   {  // no file at all
     const CliRun r = conform_cli("", tmp);
     EXPECT_EQ(r.code, 2);
