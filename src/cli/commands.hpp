@@ -4,7 +4,26 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cstdint>
+#include <string>
+
 namespace dsv41kv::cli {
+
+// Check for an unsigned 64-bit option (seeds): decimal digits only, at most 2^64 - 1. CLI11
+// converts with strtoull, which takes "-1" as 2^64 - 1 and saturates 2^64 and above, silently.
+inline CLI::Validator unsigned64() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        uint64_t v = 0;
+        const char* b = s.data();
+        const char* e = b + s.size();
+        const auto [p, ec] = std::from_chars(b, e, v);
+        if (s.empty() || ec != std::errc() || p != e) return "'" + s + "' is not an integer in 0..2^64-1";
+        return std::string();
+      },
+      "UINT64");
+}
 
 void add_info(CLI::App& app, int& exit_code);
 void add_demo(CLI::App& app, int& exit_code);

@@ -577,7 +577,7 @@ void add_demo(CLI::App& app, int& exit_code) {
   static DemoOptions o;
   auto* cmd = app.add_subcommand("demo", "built-in multi-step workload through a ratio-2 and a ratio-1 compressor layer");
   cmd->add_flag("--json", o.json, "machine-readable output");
-  cmd->add_option("--seed", o.seed, "seed of the workload, hidden states and weights");
+  cmd->add_option("--seed", o.seed, "seed of the workload, hidden states and weights")->check(unsigned64());
   cmd->add_option("--ratio", o.ratio, "1, 2 or both")->check(CLI::IsMember({"1", "2", "both"}));
   cmd->add_option("--format", o.format, "v4_584, mxfp8_528, nvfp4_288, bf16, fp8 or all");
   cmd->add_option("--config", o.config_path, "Hugging Face config.json (default: DeepSeek-V4.1-Flash)");

@@ -484,7 +484,7 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--max-num-seqs", o.max_num_seqs, "running requests at once")->check(CLI::Range(1, 65536))->capture_default_str();
   cmd->add_option("--decode-placement", o.placement, "replicated | owner (SPEC 7.9)")
       ->check(CLI::IsMember({"replicated", "owner"}))->capture_default_str();
-  cmd->add_option("--seed", o.seed, "workload seed")->capture_default_str();
+  cmd->add_option("--seed", o.seed, "workload seed")->check(unsigned64())->capture_default_str();
   cmd->add_option("--format", o.format, "compressed-cache formats: all or a list of v4_584,mxfp8_528,nvfp4_288,bf16,fp8")->capture_default_str();
   cmd->add_option("--ratio", o.ratio, "compress ratio of the kv-source layer (1 or 2)")->check(CLI::IsMember({1, 2}))->capture_default_str();
   cmd->add_option("--null-fraction", o.null_fraction, "share of null-block requests")->check(CLI::Range(0.0, 1.0))->capture_default_str();

@@ -86,4 +86,10 @@ TEST(Demo, BadFlagsExitTwoWithTheArgumentNamed) {
   EXPECT_NE(r.err.find("missing.json"), std::string::npos) << r.err;
   r = run_cli("demo --seed notanumber", tmp);
   EXPECT_EQ(r.code, 2);
+  // not wrapped (-1) or saturated (2^64) into a seed
+  for (const std::string seed : {"-1", "18446744073709551616"}) {
+    r = run_cli("demo --seed " + seed, tmp);
+    EXPECT_EQ(r.code, 2) << seed;
+    EXPECT_NE(r.err.find("--seed: '" + seed + "' is not an integer"), std::string::npos) << r.err;
+  }
 }

@@ -78,7 +78,7 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   // end in std::bad_alloc, exit 3)
   for (const std::string flag : {"--graph-pad 99999999999", "--states-per-page 99999999999",
                                  "--num-speculative-tokens 99999999999999999999", "--steps abc",
-                                 "--steps -3"}) {
+                                 "--steps -3", "--seed -1", "--seed 18446744073709551616"}) {
     const CliRun r = run(flag);
     EXPECT_EQ(r.code, 2) << flag << "\n" << r.err;
     EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << flag << ": " << r.err;
@@ -94,6 +94,10 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   EXPECT_EQ(e6.code, 2);
   EXPECT_NE(e6.err.find("E6:"), std::string::npos) << e6.err;
   EXPECT_NE(e6.err.find("speculative decoding"), std::string::npos) << e6.err;
+  // the largest seed is taken as written (CLI11 alone wrapped -1 and saturated 2^64 to it)
+  const CliRun top = run("--pcp 1 --steps 1 --seed 18446744073709551615");
+  EXPECT_EQ(top.code, 0) << top.err;
+  EXPECT_NE(top.out.find("seed 18446744073709551615,"), std::string::npos) << top.out;
   // P = 1 with speculative tokens is no PCP: allowed.
   EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2").code, 0);
 }
