@@ -5,7 +5,9 @@
 #include <CLI/CLI.hpp>
 
 #include <charconv>
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 namespace dsv41kv::cli {
@@ -23,6 +25,21 @@ inline CLI::Validator unsigned64() {
         return std::string();
       },
       "UINT64");
+}
+
+// Check for a floating-point option in [lo, hi]: CLI::Range lets NaN through (every comparison
+// with NaN is false), so `--timeout nan` reached the code as a NaN.
+inline CLI::Validator finite_range(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || v < lo || v > hi)
+          return "'" + s + "' is not a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) +
+                 "]";
+        return std::string();
+      },
+      "[" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
 }
 
 void add_info(CLI::App& app, int& exit_code);

@@ -117,9 +117,9 @@ void add_nccl_check(CLI::App& app, int& exit_code) {
   cmd->add_option("--rendezvous", f.rendezvous, "how rank 0 shares the NCCL unique id: tcp (127.0.0.1) or file")
       ->check(CLI::IsMember({"tcp", "file"}));
   cmd->add_option("--timeout", f.timeout_s, "seconds any rank waits for the others before failing")
-      ->check(CLI::Range(0.1, 3600.0));
+      ->check(finite_range(0.1, 3600.0));
   cmd->add_option("--max-runtime", f.max_runtime_s, "seconds after which the launcher ends the whole run")
-      ->check(CLI::Range(1.0, 86400.0));
+      ->check(finite_range(1.0, 86400.0));
   cmd->add_option("--bytes", f.bytes, "bytes per rank per all-gather")->check(CLI::Range(int64_t{1}, int64_t{1} << 32));
   cmd->add_option("--iters", f.iters, "timed all-gathers (eager and graph each)")->check(CLI::Range(1, 1000000));
   cmd->add_option("--kill-rank", f.kill_rank, "this rank kills itself mid-run (failure-handling check)")

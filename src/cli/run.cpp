@@ -487,7 +487,7 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--seed", o.seed, "workload seed")->check(unsigned64())->capture_default_str();
   cmd->add_option("--format", o.format, "compressed-cache formats: all or a list of v4_584,mxfp8_528,nvfp4_288,bf16,fp8")->capture_default_str();
   cmd->add_option("--ratio", o.ratio, "compress ratio of the kv-source layer (1 or 2)")->check(CLI::IsMember({1, 2}))->capture_default_str();
-  cmd->add_option("--null-fraction", o.null_fraction, "share of null-block requests")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  cmd->add_option("--null-fraction", o.null_fraction, "share of null-block requests")->check(finite_range(0.0, 1.0))->capture_default_str();
   cmd->add_option("--graph-pad", o.graph_pad, "round padded up to a multiple of this (0: none)")->check(CLI::Range(0, 1 << 16))->capture_default_str();
   cmd->add_option("--states-per-page", o.states_per_page, "compressed states per page (0: 64 / ratio)")->check(CLI::Range(0, 1 << 16))->capture_default_str();
   cmd->add_option("--num-speculative-tokens", o.num_spec, "speculative tokens (rejected with P > 1, E6)")->check(CLI::Range(0, 1 << 10))->capture_default_str();
@@ -506,9 +506,9 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--rendezvous", o.rendezvous, "--launch local: how rank 0 shares the NCCL id (tcp | file)")
       ->check(CLI::IsMember({"tcp", "file"}))->capture_default_str();
   cmd->add_option("--timeout", o.timeout_s, "--launch local: seconds a rank waits for the others")
-      ->check(CLI::Range(0.1, 3600.0))->capture_default_str();
+      ->check(finite_range(0.1, 3600.0))->capture_default_str();
   cmd->add_option("--max-runtime", o.max_runtime_s, "--launch local: seconds after which the launcher ends the run")
-      ->check(CLI::Range(1.0, 86400.0))->capture_default_str();
+      ->check(finite_range(1.0, 86400.0))->capture_default_str();
   cmd->add_option("--kill-rank", o.kill_rank, "--launch local: this rank kills itself (SIGKILL) mid-run; every "
                                               "other rank must end with an error naming itself within --timeout")
       ->check(CLI::Range(-1, 63))->capture_default_str();

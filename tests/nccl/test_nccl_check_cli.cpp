@@ -92,6 +92,12 @@ TEST(NcclCheckCli, BadFlagsAreExit2) {
   EXPECT_EQ(run_cli("nccl-check --ranks 0").code, 2);
   EXPECT_EQ(run_cli("nccl-check --ranks 2 --launch none --host-only").code, 2);
   EXPECT_EQ(run_cli("nccl-check --ranks 2 --rendezvous udp").code, 2);
+  // NaN passed CLI::Range (every comparison with it is false); checked before any rank starts
+  for (const char* flag : {"--timeout", "--max-runtime"}) {
+    const auto r = run_cli(std::string("nccl-check --ranks 2 --host-only ") + flag + " nan");
+    EXPECT_EQ(r.code, 2) << flag;
+    EXPECT_NE(r.out.find(std::string(flag) + ": 'nan' is not a number"), std::string::npos) << r.out;
+  }
 }
 
 TEST(NcclCheckCli, WithoutNcclOrEnoughGpusItIsAClearExit2) {

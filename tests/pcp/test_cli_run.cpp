@@ -78,7 +78,8 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   // end in std::bad_alloc, exit 3)
   for (const std::string flag : {"--graph-pad 99999999999", "--states-per-page 99999999999",
                                  "--num-speculative-tokens 99999999999999999999", "--steps abc",
-                                 "--steps -3", "--seed -1", "--seed 18446744073709551616"}) {
+                                 "--steps -3", "--seed -1", "--seed 18446744073709551616",
+                                 "--timeout nan", "--max-runtime nan", "--null-fraction inf"}) {
     const CliRun r = run(flag);
     EXPECT_EQ(r.code, 2) << flag << "\n" << r.err;
     EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << flag << ": " << r.err;
