@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <charconv>
 #include <cmath>
@@ -35,11 +36,10 @@ inline CLI::Validator finite_range(double lo, double hi) {
         char* end = nullptr;
         const double v = s.empty() ? 0.0 : std::strtod(s.c_str(), &end);
         if (s.empty() || end != s.c_str() + s.size() || !std::isfinite(v) || v < lo || v > hi)
-          return "'" + s + "' is not a number in [" + CLI::detail::to_string(lo) + ", " + CLI::detail::to_string(hi) +
-                 "]";
+          return fmt::format("'{}' is not a number in [{}, {}]", s, lo, hi);
         return std::string();
       },
-      "[" + CLI::detail::to_string(lo) + " - " + CLI::detail::to_string(hi) + "]");
+      fmt::format("[{} - {}]", lo, hi));
 }
 
 void add_info(CLI::App& app, int& exit_code);
