@@ -72,6 +72,11 @@ struct TensorView {
   int64_t size(int d) const { return shape.at(static_cast<size_t>(d)); }
   int64_t numel() const;
   bool is_contiguous() const;
+  // Bytes from the first to one past the last element the view addresses (0 when it has no
+  // elements); false when a shape is negative or that span does not fit in 2^62 bytes (no real
+  // allocation is that large, and index arithmetic on such a view would overflow int64). Every
+  // op's validation rejects such views.
+  bool span_bytes(int64_t& bytes) const;
   template <class T>
   T* ptr() const {
     return static_cast<T*>(data);

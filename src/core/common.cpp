@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <limits>
+
 namespace dsv41kv {
 namespace {
 std::string with_code(ErrorCode code, const std::string& message) {
@@ -45,6 +47,30 @@ int64_t TensorView::numel() const {
   int64_t n = 1;
   for (int i = 0; i < ndim; ++i) n *= shape[static_cast<size_t>(i)];
   return n;
+}
+
+bool TensorView::span_bytes(int64_t& bytes) const {
+  constexpr int64_t kLimit = int64_t{1} << 62;
+  bytes = 0;
+  int64_t last = 0;  // element offset of the last element
+  for (int i = 0; i < ndim; ++i) {
+    const auto u = static_cast<size_t>(i);
+    if (shape[u] < 0) return false;
+    if (shape[u] == 0) return true;  // no elements
+    if (stride[u] == std::numeric_limits<int64_t>::min()) return false;
+    const int64_t st = stride[u] < 0 ? -stride[u] : stride[u];
+    int64_t step = 0;
+    if (__builtin_mul_overflow(shape[u] - 1, st, &step) || __builtin_add_overflow(last, step, &last) ||
+        last >= kLimit)
+      return false;
+  }
+  if (ndim == 0) return true;
+  int64_t span = 0;
+  if (__builtin_add_overflow(last, int64_t{1}, &span) ||
+      __builtin_mul_overflow(span, static_cast<int64_t>(dtype_size(dtype)), &span) || span > kLimit)
+    return false;
+  bytes = span;
+  return true;
 }
 
 bool TensorView::is_contiguous() const {

@@ -71,6 +71,22 @@ void validate_cache(const CacheView& c, const char* arg) {
     invalid_argument(fmt::format("{}: states_per_page = {}, expected > 0", arg, c.states_per_page));
   if (!ri.packed && c.row_stride < kLatentDim)
     invalid_argument(fmt::format("{}: row_stride = {} elements, expected >= 512", arg, c.row_stride));
+  // sizes whose products overflow describe no allocation, and the index arithmetic on them
+  // (payload, page * page_stride, num_pages * states_per_page) would overflow int64
+  constexpr int64_t kLimit = int64_t{1} << 62;
+  int64_t payload = 0, backing = 0, capacity = 0;
+  const bool payload_ok =
+      ri.packed ? !__builtin_mul_overflow(c.states_per_page, int64_t{ri.record_bytes}, &payload)
+                : !__builtin_mul_overflow(c.states_per_page - 1, c.row_stride, &payload) &&
+                      !__builtin_add_overflow(payload, int64_t{kLatentDim}, &payload);
+  if (!payload_ok || payload > kLimit ||
+      __builtin_mul_overflow(c.num_pages, c.page_stride, &backing) ||
+      __builtin_mul_overflow(backing, static_cast<int64_t>(dtype_size(ri.element)), &backing) || backing > kLimit ||
+      __builtin_mul_overflow(c.num_pages, c.states_per_page, &capacity))
+    invalid_argument(fmt::format("{}: {} pages of {} states, page stride {}{} span more than 2^62 bytes, expected "
+                                 "the view of an allocation",
+                                 arg, c.num_pages, c.states_per_page, c.page_stride,
+                                 ri.packed ? std::string() : fmt::format(", row stride {}", c.row_stride)));
   if (c.page_stride < c.payload_elements())
     invalid_argument(fmt::format("{}: page_stride = {} elements for {} states of {}, expected >= {}",
                                  arg, c.page_stride, c.states_per_page, ri.name,

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "dsv41kv/common.hpp"
 
 using namespace dsv41kv;
@@ -34,4 +36,29 @@ TEST(TensorView, ContiguousAndStrided) {
   EXPECT_FALSE(s.is_contiguous());
   EXPECT_EQ(s.describe(), "f32[2, 4] strides [12, 1] on cpu");
   EXPECT_FALSE(TensorView{}.present());
+}
+
+// span_bytes: first to one past the last addressed element; false when the index arithmetic of
+// the view would overflow (no allocation spans 2^62 bytes).
+TEST(TensorView, SpanBytes) {
+  float buf[24];
+  int64_t b = -1;
+  EXPECT_TRUE(TensorView::contiguous(buf, DType::F32, {2, 3, 4}).span_bytes(b));
+  EXPECT_EQ(b, 96);
+  EXPECT_TRUE(TensorView::strided(buf, DType::F32, {2, 4}, {12, 1}).span_bytes(b));
+  EXPECT_EQ(b, (12 + 3 + 1) * 4);
+  EXPECT_TRUE(TensorView::strided(buf, DType::BF16, {3, 0}, {1 << 30, 1}).span_bytes(b));  // no elements
+  EXPECT_EQ(b, 0);
+  EXPECT_TRUE(TensorView{}.span_bytes(b));
+  EXPECT_EQ(b, 0);
+  EXPECT_TRUE(TensorView::strided(buf, DType::U8, {2}, {(int64_t{1} << 62) - 1}).span_bytes(b));
+  EXPECT_EQ(b, int64_t{1} << 62);  // the limit itself
+  EXPECT_FALSE(TensorView::strided(buf, DType::U8, {2}, {int64_t{1} << 62}).span_bytes(b));
+  EXPECT_FALSE(TensorView::strided(buf, DType::F32, {2}, {int64_t{1} << 60}).span_bytes(b));  // 2^62 + 4 bytes
+  EXPECT_FALSE(TensorView::strided(buf, DType::F32, {21, 1024}, {int64_t{1} << 60, 1}).span_bytes(b));
+  EXPECT_FALSE(TensorView::strided(buf, DType::F32, {int64_t{1} << 62, 1}, {1, 1}).span_bytes(b));
+  EXPECT_FALSE(TensorView::strided(buf, DType::F32, {2, 2}, {std::numeric_limits<int64_t>::min(), 1}).span_bytes(b));
+  TensorView neg = TensorView::contiguous(buf, DType::F32, {2, 3});
+  neg.shape[0] = -2;
+  EXPECT_FALSE(neg.span_bytes(b));
 }

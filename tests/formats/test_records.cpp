@@ -112,6 +112,23 @@ TEST(RecordLayout, ValidateCacheNamesTheArgument) {
   EXPECT_NO_THROW(validate_cache(p, "cache"));
   p.fp8_scale = 0.0f;
   EXPECT_THROW(validate_cache(p, "cache"), Error);
+  // sizes whose products overflow int64 (the page stride check alone would wrap and pass)
+  CacheView big = CacheView::with_default_strides(buf.data(), RecordFormat::V4_584, 2, 16);
+  big.states_per_page = int64_t{1} << 61;  // payload 2^61 * 584 wraps
+  big.page_stride = int64_t{1} << 62;
+  EXPECT_THROW(validate_cache(big, "cache"), Error);
+  big = CacheView::with_default_strides(buf.data(), RecordFormat::V4_584, 2, 16);
+  big.num_pages = int64_t{1} << 52;  // num_pages * page_stride beyond 2^62
+  try {
+    validate_cache(big, "cache");
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("span more than 2^62 bytes"), std::string::npos) << e.what();
+  }
+  CacheView rows = CacheView::with_default_strides(buf.data(), RecordFormat::PLAIN_BF16, 2, 4);
+  rows.row_stride = int64_t{1} << 62;
+  rows.page_stride = int64_t{1} << 62;
+  EXPECT_THROW(validate_cache(rows, "cache"), Error);
 }
 
 // ============================================================================ round trips

@@ -549,6 +549,11 @@ TEST(MetadataValidation, CompressedSlotsStructure) {
          a.block_table = TensorView::strided(b.bt.data(), DType::I32, {2, 3}, {2, 1});
        },
        {"block_table: row stride 2, expected >= 3"}},
+      {[&](CompBatch& b, CompressedSlotArgs& a) {
+         // row * stride would overflow int64: no allocation spans that
+         a.block_table = TensorView::strided(b.bt.data(), DType::I32, {2, 3}, {int64_t{1} << 61, 1});
+       },
+       {"block_table: spans more than 2^62 bytes"}},
       {[&](CompBatch&, CompressedSlotArgs& a) { a.token_slots.device = Device::CUDA; },
        {"token_slots: on cuda, expected cpu"}},
       {[&](CompBatch&, CompressedSlotArgs& a) { a.num_actual_tokens = -1; },
