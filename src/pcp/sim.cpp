@@ -179,6 +179,8 @@ struct Simulation::Impl {
   void run_rank(Communicator& comm);
 };
 
+namespace {
+
 // Largest states_per_page the simulation takes (pages of 64 / ratio states are the model's; larger
 // ones are for tests of the paged layout).
 constexpr int64_t kMaxStatesPerPage = int64_t{1} << 16;
@@ -221,6 +223,8 @@ void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with
                    static_cast<int64_t>(padded),
                    with_reference ? fmt::format(" + references {:.2f} GiB", refs / kGiB) : std::string()));
 }
+
+}  // namespace
 
 Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with_reference,
                        Communicator* external)
