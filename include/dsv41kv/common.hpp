@@ -77,6 +77,9 @@ struct TensorView {
   // allocation is that large, and index arithmetic on such a view would overflow int64). Every
   // op's validation rejects such views.
   bool span_bytes(int64_t& bytes) const;
+  // Throws E8 "<op>: <arg>: spans more than 2^62 bytes (...)" unless span_bytes holds: the check
+  // every op's view validation shares.
+  void require_span(const char* op, const char* arg) const;
   template <class T>
   T* ptr() const {
     return static_cast<T*>(data);

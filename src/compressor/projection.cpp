@@ -35,9 +35,7 @@ void need_matrix(const TensorView& v, const char* arg, DType dt) {
                          v.describe()));
   if (v.ndim != 2) bad(arg, fmt::format("{} dimensions, expected 2 ({})", v.ndim, v.describe()));
   if (v.shape[0] < 0 || v.shape[1] < 0) bad(arg, fmt::format("negative shape ({})", v.describe()));
-  int64_t bytes = 0;
-  if (!v.span_bytes(bytes))
-    bad(arg, fmt::format("spans more than 2^62 bytes ({}), expected the view of an allocation", v.describe()));
+  v.require_span("project_kv_score", arg);
   if (v.shape[1] > 1 && v.stride[1] != 1)
     bad(arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[1], v.describe()));
   if (v.shape[0] > 1 && v.stride[0] < v.shape[1])

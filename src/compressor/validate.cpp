@@ -32,9 +32,7 @@ void need_present(const char* op, const TensorView& v, const char* arg, const ch
     if (v.shape[static_cast<size_t>(d)] < 0)
       bad(op, arg, fmt::format("shape[{}] = {} is negative ({})", d, v.shape[static_cast<size_t>(d)],
                                v.describe()));
-  int64_t bytes = 0;
-  if (!v.span_bytes(bytes))
-    bad(op, arg, fmt::format("spans more than 2^62 bytes ({}), expected the view of an allocation", v.describe()));
+  v.require_span(op, arg);
 }
 
 void need_dtype(const char* op, const TensorView& v, const char* arg, DType dt) {

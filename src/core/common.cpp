@@ -73,6 +73,13 @@ bool TensorView::span_bytes(int64_t& bytes) const {
   return true;
 }
 
+void TensorView::require_span(const char* op, const char* arg) const {
+  int64_t bytes = 0;
+  if (!span_bytes(bytes))
+    invalid_argument(
+        fmt::format("{}: {}: spans more than 2^62 bytes ({}), expected the view of an allocation", op, arg, describe()));
+}
+
 bool TensorView::is_contiguous() const {
   int64_t expect = 1;
   for (int i = ndim - 1; i >= 0; --i) {

@@ -19,13 +19,6 @@ namespace {
   invalid_argument(fmt::format("{}: {}: {}", op, arg, msg));
 }
 
-// Index arithmetic on the view cannot overflow (TensorView::span_bytes).
-void need_span(const char* op, const TensorView& v, const char* arg) {
-  int64_t bytes = 0;
-  if (!v.span_bytes(bytes))
-    bad(op, arg, fmt::format("spans more than 2^62 bytes ({}), expected the view of an allocation", v.describe()));
-}
-
 // A contiguous 1-D vector of dtype dt with at least min_len entries; returns its length.
 int64_t need_vector(const char* op, const TensorView& v, const char* arg, DType dt,
                     const char* what, int64_t min_len = 0) {
@@ -43,7 +36,7 @@ int64_t need_vector(const char* op, const TensorView& v, const char* arg, DType 
                              v.describe()));
   if (v.shape[0] > 0 && v.data == nullptr)
     bad(op, arg, fmt::format("data pointer is null for {} entries", v.shape[0]));
-  need_span(op, v, arg);
+  v.require_span(op, arg);
   return v.shape[0];
 }
 
@@ -65,7 +58,7 @@ void need_table(const char* op, const TensorView& v, const char* arg, const char
                              v.stride[0], v.shape[1], v.describe()));
   if (v.shape[0] > 0 && v.data == nullptr)
     bad(op, arg, fmt::format("data pointer is null for {} rows", v.shape[0]));
-  need_span(op, v, arg);
+  v.require_span(op, arg);
 }
 
 void need_device(const char* op, const TensorView& v, const char* arg, Device dev,

@@ -15,9 +15,7 @@ void check_view(const char* op, const TensorView& v, const char* name, DType dt,
           fmt::format("{}: {} (expected a {} view)", name, v.present() ? v.describe() : "absent",
                       device == Device::CPU ? "host" : "device"));
   require(v.dtype == dt, fmt::format("{}: {} (expected {})", name, v.describe(), dtype_name(dt)));
-  int64_t bytes = 0;
-  require(v.span_bytes(bytes),
-          fmt::format("{}: {} spans more than 2^62 bytes (expected the view of an allocation)", name, v.describe()));
+  v.require_span(op, name);
   if (cols == 0) {
     require(v.ndim == 1 && v.shape[0] >= rows && v.stride[0] == 1,
             fmt::format("{}: {} (expected contiguous [>= {}])", name, v.describe(), rows));

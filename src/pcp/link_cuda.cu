@@ -98,8 +98,7 @@ int64_t need_vec(const char* op, const TensorView& v, const char* arg, DType dt,
     bad(op, arg, std::to_string(v.shape[0]) + " entries, expected at least " +
                      std::to_string(min_len));
   if (v.shape[0] > 0 && v.data == nullptr) bad(op, arg, "null data pointer");
-  int64_t bytes = 0;
-  if (!v.span_bytes(bytes)) bad(op, arg, v.describe() + " spans more than 2^62 bytes, expected the view of an allocation");
+  v.require_span(op, arg);
   return v.shape[0];
 }
 

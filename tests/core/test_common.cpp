@@ -61,4 +61,12 @@ TEST(TensorView, SpanBytes) {
   TensorView neg = TensorView::contiguous(buf, DType::F32, {2, 3});
   neg.shape[0] = -2;
   EXPECT_FALSE(neg.span_bytes(b));
+  EXPECT_NO_THROW(TensorView::contiguous(buf, DType::F32, {2, 3}).require_span("op", "x"));
+  try {
+    neg.require_span("op", "x");
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("op: x: spans more than 2^62 bytes"), std::string::npos) << e.what();
+  }
 }
