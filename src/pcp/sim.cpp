@@ -196,8 +196,8 @@ void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with
                        int64_t num_pages, int64_t cap, int64_t ring_blocks) {
   if (cfg.max_host_bytes <= 0) return;
   double cache = 0.0;
-  for (RecordFormat f : cfg.formats)
-    cache += static_cast<double>(record_info(f).record_bytes) * static_cast<double>(num_pages) * static_cast<double>(S);
+  for (RecordFormat f : cfg.formats)  // what make_caches allocates (S <= 2^16 and the workload's bounds keep it in int64)
+    cache += static_cast<double>(CacheView::with_default_strides(nullptr, f, num_pages, S).backing_bytes());
   const double ring = cfg.ratio == 2 ? static_cast<double>(ring_blocks) * static_cast<double>(cap) * kRingRowFloats * 4.0 : 0.0;
   int64_t max_tokens = 0;
   for (const auto& step : w.steps) {

@@ -85,7 +85,7 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
     EXPECT_NE(r.err.find(flag.substr(0, flag.find(' '))), std::string::npos) << flag << ": " << r.err;
   }
   // in range, but more than any machine's memory (a 2048-row ring for each of 100000 requests,
-  // ~800 GiB, and a 65536-state page per request and format, ~17 PiB): rejected by the
+  // ~800 GiB, and a 65536-state page per request and format, ~16 TiB): rejected by the
   // simulation's estimate
   const CliRun big = run("--pcp 1 --requests 100000 --num-speculative-tokens 1024 --states-per-page 65536 --steps 1");
   EXPECT_EQ(big.code, 2) << big.err;
