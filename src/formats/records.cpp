@@ -87,10 +87,10 @@ void validate_cache(const CacheView& c, const char* arg) {
                                  "the view of an allocation",
                                  arg, c.num_pages, c.states_per_page, c.page_stride,
                                  ri.packed ? std::string() : fmt::format(", row stride {}", c.row_stride)));
-  if (c.page_stride < c.payload_elements())
+  if (c.page_stride < payload)
     invalid_argument(fmt::format("{}: page_stride = {} elements for {} states of {}, expected >= {}",
                                  arg, c.page_stride, c.states_per_page, ri.name,
-                                 c.payload_elements()));
+                                 payload));
   if (c.format == RecordFormat::PLAIN_FP8 && !(c.fp8_scale > 0.0f && num::is_finite(c.fp8_scale)))
     invalid_argument(fmt::format("{}: fp8_scale = {}, expected a finite value > 0", arg, c.fp8_scale));
 }
