@@ -6,6 +6,8 @@
 #             included (the CLI tests run `dsv41kv`), in parts that each get their own time limit:
 #               kernels   every suite but the end-to-end ones (PcpRunGpu, DemoGpu)
 #               e2e       PcpRunGpu and DemoGpu, the NCCL `--launch local` test apart for memcheck
+#                         (racecheck: demo and pcp, each alone: together they took 133 s in call
+#                         s9-6 and ran past a 170 s limit in call s10-1, DemoGpu's cuBLAS reports)
 #               nccl      memcheck of PcpRunGpu.CliLaunchLocal* with CUDA API error reports off:
 #                         NCCL's init probes its own kernels with cudaFuncGetAttributes and gets
 #                         cudaErrorNoKernelImageForDevice for the ones it ships without an sm_90
@@ -17,7 +19,8 @@
 #             potential WAR hazards (1156 / 12520 in DemoGpu / ProjectionGpu, call s9-2). Excluding
 #             those kernels instead (--kernel-name-exclude) made them fail under racecheck
 #             ("Internal Sanitizer Error ... hardware exception", call s9-4).
-#   bench     dsv41kv bench --device cuda --json (and a table made from it)
+#   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
+#             same with --no-pdl, and decode variants (early metadata, shared buffers)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
@@ -134,7 +137,8 @@ stage_sanitize() {
     san_run memcheck e2e "$e2e-PcpRunGpu.CliLaunchLocal*" || rc=1
     san_run memcheck nccl 'PcpRunGpu.CliLaunchLocal*' --report-api-errors no || rc=1
     san_run racecheck kernels "-$e2e" || rc=1
-    san_run racecheck e2e "$e2e" || rc=1
+    san_run racecheck demo 'DemoGpu.*' || rc=1
+    san_run racecheck pcp 'PcpRunGpu.*' || rc=1
   fi
   unset DSV41KV_GPU_TEST_SMALL
   return $rc
@@ -155,24 +159,29 @@ for r in j["rows"]:
 print("targets: 256K fused >= 90% copy, >= 1.6x (r2) / 2.5x (r1) vs vLLM; decode fused <= 2.3 us (r1) / 2.9 us (r2)")
 PY
   fi
-  # decode with programmatic dependent launch (ExecContext::programmatic_launch), and with every
-  # graph node on one buffer set (how the baseline's do_bench replays one kernel)
+  # every workload with plain launches (--no-pdl: ExecContext::programmatic_launch = false; the
+  # table above is the default, programmatic dependent launch); decode with early metadata, and
+  # with every graph node on one buffer set (how the baseline's do_bench replays one kernel)
+  "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --no-pdl > "$OUT/bench-plain.json" 2>> "$OUT/bench.err" || rc=1
   local dv
-  for dv in "--pdl:pdl" "--pdl --pdl-early-metadata:pdl-early" "--decode-buffers shared:shared" \
-    "--decode-buffers shared --pdl:shared-pdl" "--decode-buffers shared --pdl --pdl-early-metadata:shared-pdl-early"; do
+  for dv in "--pdl-early-metadata:pdl-early" "--decode-buffers shared --no-pdl:shared-plain" \
+    "--decode-buffers shared:shared" "--decode-buffers shared --pdl-early-metadata:shared-pdl-early"; do
     # shellcheck disable=SC2086
     "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 ${dv%%:*} \
       > "$OUT/bench-decode256-${dv##*:}.json" 2>> "$OUT/bench.err" || rc=1
   done
   if command -v python3 >/dev/null; then
-    python3 - "$OUT"/bench-decode256-{pdl,pdl-early,shared,shared-pdl,shared-pdl-early}.json >> "$OUT/bench.txt" <<'PY'
+    python3 - "$OUT"/bench-plain.json "$OUT"/bench-decode256-{pdl-early,shared-plain,shared,shared-pdl-early}.json >> "$OUT/bench.txt" <<'PY'
 import json, sys
 for f in sys.argv[1:]:
     j = json.load(open(f))
     pdl = "off" if not j["programmatic_launch"] else ("on, early metadata" if j.get("pdl_early_metadata") else "on")
-    tag = f"decode256 fused, buffers {j['decode_buffers']}, programmatic launch {pdl}:"
-    print(tag, "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ({r['speedup_vs_vllm']:.2f}x)"
-                         for r in j["rows"] if r["variant"] == "fused"))
+    for w in ("decode256", "prefill256k"):
+        rows = [r for r in j["rows"] if r["variant"] == "fused" and r["workload"] == w]
+        if rows:
+            print(f"{w} fused, buffers {j['decode_buffers']}, programmatic launch {pdl}:",
+                  "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ({r['speedup_vs_vllm']:.2f}x"
+                            + (f", {100 * r['copy_fraction']:.1f}%)" if w != "decode256" else ")") for r in rows))
 PY
   fi
   if [ "${DSV41KV_BENCH_VARIANTS:-1}" = 1 ]; then

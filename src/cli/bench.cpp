@@ -126,7 +126,7 @@ struct BenchOptions {
   std::string stream_tail;          // "W,C[;W,C[;W,C]]", "0": no tail
   std::string timing = "do_bench";  // do_bench | sync (Timing)
   std::string decode_buffers = "per-layer";
-  bool pdl = false;
+  bool pdl = true;                  // ExecContext::programmatic_launch (the library's default)
   bool pdl_early_metadata = false;
 };
 
@@ -554,8 +554,10 @@ int run_bench(const BenchOptions& o) {
                                    ? "sync (each repetition alone, launch latency included, no L2 flush)"
                                    : "do_bench (repetitions back to back; prefill: L2 flush before each, outside the events)");
     if (o.pdl)
-      fmt::print("compress launches with programmatic dependent launch (--pdl){}\n",
+      fmt::print("compress launches with programmatic dependent launch (the default){}\n",
                  o.pdl_early_metadata ? ", metadata read before the grid dependency (--pdl-early-metadata)" : "");
+    else
+      fmt::print("compress launches without programmatic dependent launch (--no-pdl)\n");
   }
   return total_wrong == 0 ? 0 : 1;
 }
@@ -599,11 +601,11 @@ void add_bench(CLI::App& app, int& exit_code) {
                   "(every node the same buffers, as the baseline's do_bench replays one kernel)")
       ->check(CLI::IsMember({"per-layer", "shared"}))
       ->capture_default_str();
-  cmd->add_flag("--pdl", o.pdl,
+  cmd->add_flag("--pdl,!--no-pdl", o.pdl,
                 "launch the compress kernels with programmatic dependent launch "
-                "(ExecContext::programmatic_launch)");
+                "(ExecContext::programmatic_launch, the default) or without (--no-pdl)");
   cmd->add_flag("--pdl-early-metadata", o.pdl_early_metadata,
-                "with --pdl: ExecContext::pdl_early_metadata (the bench uploads all metadata before timing)");
+                "ExecContext::pdl_early_metadata (the bench uploads all metadata before timing; not with --no-pdl)");
   cmd->callback([&exit_code] {
     if (device != "cuda") {
       std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
@@ -612,7 +614,7 @@ void add_bench(CLI::App& app, int& exit_code) {
       return;
     }
     if (o.pdl_early_metadata && !o.pdl) {
-      std::fprintf(stderr, "dsv41kv bench: --pdl-early-metadata needs --pdl\n");
+      std::fprintf(stderr, "dsv41kv bench: --pdl-early-metadata needs programmatic launches: not with --no-pdl\n");
       exit_code = 2;
       return;
     }

@@ -18,7 +18,7 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
     const char* message;  // expected in stderr (nullptr: only the exit status is checked)
   };
   const Case cases[] = {
-      {"bench --pdl-early-metadata", "--pdl-early-metadata needs --pdl"},
+      {"bench --no-pdl --pdl-early-metadata", "--pdl-early-metadata needs programmatic launches"},
       {"bench --decode-buffers everywhere", "--decode-buffers"},
       {"bench --device cpu", "only cuda is benchmarked here"},
       {"bench --program-warps 3", nullptr},
@@ -43,9 +43,13 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
 TEST(BenchCli, CudaWithoutGpuExits2WithTheReason) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: the bench runs (scripts/device-check.sh)";
   TempDir tmp;
-  const CliRun r = run_cli("bench --device cuda --workload decode256 --pdl --pdl-early-metadata", tmp);
-  EXPECT_EQ(r.code, 2) << r.out << r.err;
-  EXPECT_NE(r.err.find(built_with_cuda() ? "no CUDA device" : "built without CUDA"), std::string::npos) << r.err;
+  for (const char* args : {"bench --device cuda --workload decode256 --pdl-early-metadata",
+                           "bench --device cuda --workload decode256 --no-pdl"}) {
+    const CliRun r = run_cli(args, tmp);
+    EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find(built_with_cuda() ? "no CUDA device" : "built without CUDA"), std::string::npos)
+        << args << "\n" << r.err;
+  }
 }
 
 }  // namespace

@@ -70,3 +70,17 @@ TEST(TensorView, SpanBytes) {
     EXPECT_NE(std::string(e.what()).find("op: x: spans more than 2^62 bytes"), std::string::npos) << e.what();
   }
 }
+
+// The launch defaults are part of the API contract (docs/design.md): programmatic dependent
+// launch on (it never changes results), the early-metadata promise off (breaking it is a race),
+// and also when an engine writes ExecContext{stream, threads}.
+TEST(ExecContext, ProgrammaticLaunchOnEarlyMetadataOffByDefault) {
+  const ExecContext d;
+  EXPECT_EQ(d.stream, nullptr);
+  EXPECT_EQ(d.num_threads, 0);
+  EXPECT_TRUE(d.programmatic_launch);
+  EXPECT_FALSE(d.pdl_early_metadata);
+  const ExecContext braced{nullptr, 4};
+  EXPECT_TRUE(braced.programmatic_launch);
+  EXPECT_FALSE(braced.pdl_early_metadata);
+}

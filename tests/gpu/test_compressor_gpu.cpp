@@ -108,22 +108,27 @@ TEST_F(CompressorGpu, InsertMatchesCpuEveryFormat) {
       }
 }
 
+// Both launch modes (ExecContext::programmatic_launch: the default PDL launch and the plain one).
 TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
   for (int ratio : {1, 2})
     for (RecordFormat f : kFormats)
       for (bool with_latent : {true, false})
-        for (GpuBatchSpec s : shapes(ratio)) {
-          s.format = f;
-          s.pcp = ratio == 2 && with_latent && f == RecordFormat::V4_584;
-          s.nonfinite_fraction = f == RecordFormat::MXFP8_528 ? 0.001 : 0.0;
-          GpuBatch b = GpuBatch::make(s, rng());
-          GpuBatchDev d(b);
-          compress_insert(compress_insert_args(b, nullptr, with_latent));
-          compress_insert(compress_insert_args(b, &d, with_latent));
-          EXPECT_TRUE(outputs_equal(b, d,
-                                    "compress_insert " + name_of(s) +
-                                        (with_latent ? " +latent" : " no latent")));
-        }
+        for (bool pdl : {true, false})
+          for (GpuBatchSpec s : shapes(ratio)) {
+            s.format = f;
+            s.pcp = ratio == 2 && with_latent && f == RecordFormat::V4_584;
+            s.nonfinite_fraction = f == RecordFormat::MXFP8_528 ? 0.001 : 0.0;
+            GpuBatch b = GpuBatch::make(s, rng());
+            GpuBatchDev d(b);
+            ExecContext ctx;
+            ctx.programmatic_launch = pdl;
+            compress_insert(compress_insert_args(b, nullptr, with_latent));
+            compress_insert(compress_insert_args(b, &d, with_latent), ctx);
+            EXPECT_TRUE(outputs_equal(b, d,
+                                      "compress_insert " + name_of(s) +
+                                          (with_latent ? " +latent" : " no latent") +
+                                          (pdl ? " pdl" : " plain launch")));
+          }
 }
 
 // Both chunk sizes of the streaming kernel (the host picks 8 programs only for grids of many
@@ -357,13 +362,14 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
   }
 }
 
-// Consecutive decode steps launched back to back with programmatic dependent launch
-// (ExecContext::programmatic_launch), eagerly and captured in one CUDA graph: each step reads
+// Consecutive decode steps launched back to back, plainly, with programmatic dependent launch
+// (ExecContext::programmatic_launch, the default) and with PDL and early metadata, eagerly and
+// captured in one CUDA graph: each step reads
 // the ring rows the previous step wrote (ratio 2: positions advance by one, so an odd step
 // closes its pair from the row the even step stored) and rewrites latents and records, so a
 // kernel touching memory before its grid dependency resolved would differ from the CPU's
 // step-by-step result.
-TEST_F(CompressorGpu, ProgrammaticLaunchChainEqualsCpu) {
+TEST_F(CompressorGpu, LaunchChainEqualsCpuInEveryLaunchMode) {
   constexpr int kSteps = 4;
   for (int ratio : {1, 2})
     for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::NVFP4_288}) {
@@ -431,13 +437,13 @@ TEST_F(CompressorGpu, ProgrammaticLaunchChainEqualsCpu) {
       GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       // pdl_early_metadata: every step's metadata lives in its own buffers, uploaded before the
       // chain, so no kernel of the chain writes metadata (the flag's promise holds)
-      for (bool early : {false, true}) {
+      for (int mode : {0, 1, 2}) {  // plain, PDL, PDL + early metadata
         ExecContext ctx;
         ctx.stream = st;
-        ctx.programmatic_launch = true;
-        ctx.pdl_early_metadata = early;
-        const std::string w = std::string("pdl chain r") + std::to_string(ratio) + " " +
-                              record_info(f).name + (early ? " early metadata" : "");
+        ctx.programmatic_launch = mode > 0;
+        ctx.pdl_early_metadata = mode == 2;
+        const std::string w = std::string("chain r") + std::to_string(ratio) + " " + record_info(f).name +
+                              (mode == 0 ? " plain launches" : mode == 1 ? " pdl" : " pdl early metadata");
         out.ring.upload(ring0);
         out.latent.upload(latent0);
         out.cache8.upload(cache0);
@@ -465,7 +471,7 @@ TEST_F(CompressorGpu, ProgrammaticLaunchChainEqualsCpu) {
         GPU_CHECK(cudaGraphExecDestroy(exec));
         GPU_CHECK(cudaGraphDestroy(graph));
       }
-      const std::string w = std::string("pdl chain r") + std::to_string(ratio) + " " + record_info(f).name;
+      const std::string w = std::string("chain r") + std::to_string(ratio) + " " + record_info(f).name;
       EXPECT_NE(cache, cache0) << w << ": the steps must write records";
       if (ratio == 2) {
         EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
