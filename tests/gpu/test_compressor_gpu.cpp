@@ -362,77 +362,100 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
   }
 }
 
-// Consecutive decode steps launched back to back, plainly, with programmatic dependent launch
-// (ExecContext::programmatic_launch, the default) and with PDL and early metadata, eagerly and
-// captured in one CUDA graph: each step reads
-// the ring rows the previous step wrote (ratio 2: positions advance by one, so an odd step
-// closes its pair from the row the even step stored) and rewrites latents and records, so a
-// kernel touching memory before its grid dependency resolved would differ from the CPU's
-// step-by-step result.
+// kSteps consecutive decode steps of one batch shape (200 requests x 1 token): positions advance
+// by one per step, so for ratio 2 an odd step closes its pair from the ring row the step before
+// stored; every step's inputs live in their own device buffers, the outputs (ring, latents,
+// cache) of all steps in step 0's. `ring`, `latent`, `cache` hold the CPU's result after all
+// steps (run one after the other), the *0 vectors the initial contents.
+struct DecodeChain {
+  static constexpr int kSteps = 4;
+  std::vector<GpuBatch> steps;
+  std::vector<float> ring0, ring;
+  std::vector<uint16_t> latent0, latent;
+  std::vector<uint8_t> cache0, cache;
+  std::vector<std::unique_ptr<GpuBatchDev>> dev;
+
+  DecodeChain(const GpuBatchSpec& s, Rng& rng) {
+    steps.reserve(kSteps);  // references into it stay valid
+    steps.push_back(GpuBatch::make(s, rng));
+    GpuBatch& b0 = steps[0];
+    // room for every step's records (closing token t of step k -> slot k * N + t) and RoPE rows
+    b0.num_pages = (kSteps * b0.N + s.S - 1) / s.S;
+    b0.cache8.assign(static_cast<size_t>(b0.num_pages * b0.page_stride), kByteCanary);
+    b0.table_rows += kSteps;
+    b0.table = random_rope_table(b0.table_rows, rng);
+    for (int k = 1; k < kSteps; ++k) {
+      GpuBatch b = steps.back();
+      for (int64_t t = 0; t < b.A; ++t) {
+        const size_t i = static_cast<size_t>(t);
+        b.pos[i] += 1;
+        if (b.ring_slots[i] >= 0) b.ring_slots[i] = (b.ring_slots[i] / s.cap) * s.cap + b.pos[i] % s.cap;
+      }
+      for (auto& v : b.kv) v = static_cast<float>(rng.normal());
+      steps.push_back(std::move(b));
+    }
+    const int64_t capacity = b0.num_pages * s.S;
+    for (int k = 0; k < kSteps; ++k) {
+      GpuBatch& b = steps[static_cast<size_t>(k)];
+      for (int64_t t = 0; t < b.A; ++t) {
+        const bool closing = (b.pos[static_cast<size_t>(t)] + 1) % s.ratio == 0;
+        b.cache_slots[static_cast<size_t>(t)] =
+            closing ? (rng.uniform() < 0.03 ? -1 : k * b.N + t) : rng.integer(-1, capacity - 1);
+      }
+    }
+    // CPU: the steps one after the other, outputs carried over
+    ring0 = ring = b0.ring;
+    latent0 = latent = b0.latent;
+    cache0 = cache = b0.cache8;
+    for (GpuBatch& b : steps) {
+      b.ring = ring;
+      b.latent = latent;
+      b.cache8 = cache;
+      compress_insert(compress_insert_args(b, nullptr, true));
+      ring = b.ring;
+      latent = b.latent;
+      cache = b.cache8;
+    }
+    for (const GpuBatch& b : steps) dev.push_back(std::make_unique<GpuBatchDev>(b));
+  }
+  // Step k's arguments: its own inputs, the shared outputs.
+  CompressInsertArgs args(int k) {
+    CompressInsertArgs a = compress_insert_args(steps[static_cast<size_t>(k)], dev[static_cast<size_t>(k)].get(), true);
+    a.compress.ring.data = dev[0]->ring.data();
+    a.compress.latent_out.data = dev[0]->latent.data();
+    a.cache.base = dev[0]->cache8.data();
+    return a;
+  }
+  void reset_outputs() {
+    dev[0]->ring.upload(ring0);
+    dev[0]->latent.upload(latent0);
+    dev[0]->cache8.upload(cache0);
+  }
+  // Device outputs == the CPU's, bit for bit (downloads synchronise the device).
+  void expect_equal(const std::string& w) {
+    EXPECT_TRUE(bits_equal(ring, dev[0]->ring.download(), w + ": ring"));
+    EXPECT_TRUE(bits_equal(latent, dev[0]->latent.download(), w + ": latent"));
+    EXPECT_TRUE(bits_equal(cache, dev[0]->cache8.download(), w + ": cache"));
+  }
+  // The chain must have something to get wrong.
+  void expect_nontrivial(const std::string& w, int ratio) {
+    EXPECT_NE(cache, cache0) << w << ": the steps must write records";
+    if (ratio == 2) {
+      EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
+    }
+  }
+};
+
+// The decode chain launched back to back on one stream, plainly, with programmatic dependent
+// launch (ExecContext::programmatic_launch, the default) and with PDL and early metadata,
+// eagerly and captured in one CUDA graph: a kernel touching memory before its grid dependency
+// resolved would differ from the CPU's step-by-step result.
 TEST_F(CompressorGpu, LaunchChainEqualsCpuInEveryLaunchMode) {
-  constexpr int kSteps = 4;
   for (int ratio : {1, 2})
     for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::NVFP4_288}) {
       GpuBatchSpec s = shapes(ratio)[0];  // decode: 200 requests x 1 token
       s.format = f;
-      std::vector<GpuBatch> steps;
-      steps.reserve(kSteps);  // references into it stay valid
-      steps.push_back(GpuBatch::make(s, rng()));
-      GpuBatch& b0 = steps[0];
-      // room for every step's records (closing token t of step k -> slot k * N + t) and RoPE rows
-      b0.num_pages = (kSteps * b0.N + s.S - 1) / s.S;
-      b0.cache8.assign(static_cast<size_t>(b0.num_pages * b0.page_stride), kByteCanary);
-      b0.table_rows += kSteps;
-      b0.table = random_rope_table(b0.table_rows, rng());
-      for (int k = 1; k < kSteps; ++k) {
-        GpuBatch b = steps.back();
-        for (int64_t t = 0; t < b.A; ++t) {
-          const size_t i = static_cast<size_t>(t);
-          b.pos[i] += 1;
-          if (b.ring_slots[i] >= 0) b.ring_slots[i] = (b.ring_slots[i] / s.cap) * s.cap + b.pos[i] % s.cap;
-        }
-        for (auto& v : b.kv) v = static_cast<float>(rng().normal());
-        steps.push_back(std::move(b));
-      }
-      const int64_t capacity = b0.num_pages * s.S;
-      for (int k = 0; k < kSteps; ++k) {
-        GpuBatch& b = steps[static_cast<size_t>(k)];
-        for (int64_t t = 0; t < b.A; ++t) {
-          const bool closing = (b.pos[static_cast<size_t>(t)] + 1) % ratio == 0;
-          b.cache_slots[static_cast<size_t>(t)] =
-              closing ? (rng().uniform() < 0.03 ? -1 : k * b.N + t) : rng().integer(-1, capacity - 1);
-        }
-      }
-      // CPU: the steps one after the other, outputs carried over
-      std::vector<float> ring = b0.ring;
-      std::vector<uint16_t> latent = b0.latent;
-      std::vector<uint8_t> cache = b0.cache8;
-      const std::vector<float> ring0 = ring;
-      const std::vector<uint16_t> latent0 = latent;
-      const std::vector<uint8_t> cache0 = cache;
-      for (GpuBatch& b : steps) {
-        b.ring = ring;
-        b.latent = latent;
-        b.cache8 = cache;
-        compress_insert(compress_insert_args(b, nullptr, true));
-        ring = b.ring;
-        latent = b.latent;
-        cache = b.cache8;
-      }
-      // GPU: every step's inputs in its own buffers, the outputs of all steps in step 0's
-      std::vector<std::unique_ptr<GpuBatchDev>> dev;
-      for (const GpuBatch& b : steps) dev.push_back(std::make_unique<GpuBatchDev>(b));
-      GpuBatchDev& out = *dev[0];
-      out.ring.upload(ring0);
-      out.latent.upload(latent0);
-      out.cache8.upload(cache0);
-      auto args = [&](int k) {
-        CompressInsertArgs a = compress_insert_args(steps[static_cast<size_t>(k)], dev[static_cast<size_t>(k)].get(), true);
-        a.compress.ring.data = out.ring.data();
-        a.compress.latent_out.data = out.latent.data();
-        a.cache.base = out.cache8.data();
-        return a;
-      };
+      DecodeChain c(s, rng());
       cudaStream_t st;
       GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       // pdl_early_metadata: every step's metadata lives in its own buffers, uploaded before the
@@ -444,41 +467,82 @@ TEST_F(CompressorGpu, LaunchChainEqualsCpuInEveryLaunchMode) {
         ctx.pdl_early_metadata = mode == 2;
         const std::string w = std::string("chain r") + std::to_string(ratio) + " " + record_info(f).name +
                               (mode == 0 ? " plain launches" : mode == 1 ? " pdl" : " pdl early metadata");
-        out.ring.upload(ring0);
-        out.latent.upload(latent0);
-        out.cache8.upload(cache0);
-        for (int k = 0; k < kSteps; ++k) compress_insert(args(k), ctx);
+        c.reset_outputs();
+        for (int k = 0; k < DecodeChain::kSteps; ++k) compress_insert(c.args(k), ctx);
         GPU_CHECK(cudaStreamSynchronize(st));
-        EXPECT_TRUE(bits_equal(ring, out.ring.download(), w + " eager: ring"));
-        EXPECT_TRUE(bits_equal(latent, out.latent.download(), w + " eager: latent"));
-        EXPECT_TRUE(bits_equal(cache, out.cache8.download(), w + " eager: cache"));
+        c.expect_equal(w + " eager");
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         GPU_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-        for (int k = 0; k < kSteps; ++k) compress_insert(args(k), ctx);
+        for (int k = 0; k < DecodeChain::kSteps; ++k) compress_insert(c.args(k), ctx);
         GPU_CHECK(cudaStreamEndCapture(st, &graph));
         GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         for (int rep = 0; rep < 2; ++rep) {
-          out.ring.upload(ring0);
-          out.latent.upload(latent0);
-          out.cache8.upload(cache0);
+          c.reset_outputs();
           GPU_CHECK(cudaGraphLaunch(exec, st));
           GPU_CHECK(cudaStreamSynchronize(st));
-          EXPECT_TRUE(bits_equal(ring, out.ring.download(), w + " graph: ring"));
-          EXPECT_TRUE(bits_equal(latent, out.latent.download(), w + " graph: latent"));
-          EXPECT_TRUE(bits_equal(cache, out.cache8.download(), w + " graph: cache"));
+          c.expect_equal(w + " graph");
         }
         GPU_CHECK(cudaGraphExecDestroy(exec));
         GPU_CHECK(cudaGraphDestroy(graph));
       }
-      const std::string w = std::string("chain r") + std::to_string(ratio) + " " + record_info(f).name;
-      EXPECT_NE(cache, cache0) << w << ": the steps must write records";
-      if (ratio == 2) {
-        EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
-      }
-      ASSERT_FALSE(cache.empty());
+      c.expect_nontrivial(std::string("chain r") + std::to_string(ratio) + " " + record_info(f).name, ratio);
       GPU_CHECK(cudaStreamDestroy(st));
     }
+}
+
+// SPEC 0.4 item 4 (serial, multi-stream and graph-replayed execution give the same bits) under
+// both launch modes: the decode chain's steps alternate between two streams, each step ordered
+// after the previous one only by an event (a cross-stream dependency, which a programmatic launch
+// must honour like any other), eagerly and captured as a fork/join graph (the second stream
+// joins the capture through the first step's event), against the CPU's serial result.
+TEST_F(CompressorGpu, TwoStreamChainEqualsCpu) {
+  for (int ratio : {1, 2}) {
+    GpuBatchSpec s = shapes(ratio)[0];
+    s.format = RecordFormat::MXFP8_528;
+    DecodeChain c(s, rng());
+    cudaStream_t st[2];
+    cudaEvent_t ev[DecodeChain::kSteps];
+    for (auto& x : st) GPU_CHECK(cudaStreamCreateWithFlags(&x, cudaStreamNonBlocking));
+    for (auto& e : ev) GPU_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    // step k on stream k % 2 after step k - 1's event; the last step's stream joins stream 0
+    auto enqueue = [&](bool pdl) {
+      for (int k = 0; k < DecodeChain::kSteps; ++k) {
+        cudaStream_t x = st[k % 2];
+        if (k > 0) GPU_CHECK(cudaStreamWaitEvent(x, ev[k - 1], 0));
+        ExecContext ctx;
+        ctx.stream = x;
+        ctx.programmatic_launch = pdl;
+        compress_insert(c.args(k), ctx);
+        GPU_CHECK(cudaEventRecord(ev[k], x));
+      }
+      GPU_CHECK(cudaStreamWaitEvent(st[0], ev[DecodeChain::kSteps - 1], 0));
+    };
+    for (bool pdl : {true, false}) {
+      const std::string w = std::string("two streams r") + std::to_string(ratio) + (pdl ? " pdl" : " plain launches");
+      c.reset_outputs();
+      enqueue(pdl);
+      GPU_CHECK(cudaStreamSynchronize(st[0]));
+      c.expect_equal(w + " eager");
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      GPU_CHECK(cudaStreamBeginCapture(st[0], cudaStreamCaptureModeThreadLocal));
+      enqueue(pdl);
+      GPU_CHECK(cudaStreamEndCapture(st[0], &graph));
+      GPU_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int rep = 0; rep < 2; ++rep) {
+        c.reset_outputs();
+        GPU_CHECK(cudaGraphLaunch(exec, st[0]));
+        GPU_CHECK(cudaStreamSynchronize(st[0]));
+        c.expect_equal(w + " graph");
+      }
+      GPU_CHECK(cudaGraphExecDestroy(exec));
+      GPU_CHECK(cudaGraphDestroy(graph));
+    }
+    c.expect_nontrivial("two streams r" + std::to_string(ratio), ratio);
+    for (auto& e : ev) GPU_CHECK(cudaEventDestroy(e));
+    for (auto& x : st) GPU_CHECK(cudaStreamDestroy(x));
+  }
 }
 
 // Bad inputs are rejected on the host before any launch: the device outputs keep their bytes.
