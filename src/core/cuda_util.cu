@@ -1,6 +1,8 @@
 // CUDA error handling (cuda_util.hpp).
 #include "core/cuda_util.hpp"
 
+#include <array>
+#include <atomic>
 #include <cstdio>
 #include <string>
 
@@ -24,6 +26,24 @@ void require_aligned16(const void* p, const char* op, const char* arg) {
                      " is not 16-byte aligned, expected a 16-byte aligned device pointer (the "
                      "CUDA backend moves rows with 16-byte vectors)");
   }
+}
+
+bool device_supports_pdl() {
+  // 0 = not asked yet, 1 = compute capability >= 9.0, 2 = older; a device id beyond the table is
+  // asked every time. Races only repeat the same query.
+  static std::array<std::atomic<int8_t>, 64> known{};
+  int dev = 0;
+  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
+  const bool cached = dev >= 0 && dev < static_cast<int>(known.size());
+  if (cached) {
+    const int8_t k = known[static_cast<size_t>(dev)].load(std::memory_order_relaxed);
+    if (k != 0) return k == 1;
+  }
+  int major = 0;
+  DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  const bool yes = major >= 9;
+  if (cached) known[static_cast<size_t>(dev)].store(yes ? 1 : 2, std::memory_order_relaxed);
+  return yes;
 }
 
 }  // namespace dsv41kv::detail

@@ -78,8 +78,15 @@ __device__ __forceinline__ void pdl_allow_dependents() {
   } while (0)
 
 namespace dsv41kv::detail {
+// True when the current device has compute capability >= 9.0, where programmatic dependent
+// launch exists (cached per device). The default sm_90a/sm_90 build runs only there; a build for
+// older architectures (DSV41KV_CUDA_ARCHS) launches plainly on an older device, as FlashInfer's
+// device_support_pdl decides.
+bool device_supports_pdl();
+
 // Launches `kernel` on `stream` (errors: Error(kCuda)); pdl = true adds programmatic stream
-// serialization (see pdl_wait: the kernel must call it before touching global memory).
+// serialization where the device supports it (see pdl_wait: the kernel must call it before
+// touching global memory).
 template <class... P, class... A>
 void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
                    A&&... args) {
@@ -92,7 +99,7 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t str
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
   c.attrs = at;
-  c.numAttrs = pdl ? 1 : 0;
+  c.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
   DSV41KV_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...));
 }
 }  // namespace dsv41kv::detail

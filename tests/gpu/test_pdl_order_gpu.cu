@@ -78,5 +78,15 @@ TEST_F(PdlOrderGpu, EarlyMetadataDecodeReadsPrevRowIndicesAfterTheDependency) {
   GPU_CHECK(cudaStreamDestroy(st));
 }
 
+// The launch helper asks for PDL only on devices that have it (compute capability >= 9.0); the
+// answer is cached per device and must stay the device's.
+TEST_F(PdlOrderGpu, PdlIsUsedExactlyOnComputeCapability9AndNewer) {
+  int dev = 0, major = 0;
+  GPU_CHECK(cudaGetDevice(&dev));
+  GPU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  EXPECT_EQ(detail::device_supports_pdl(), major >= 9);
+  EXPECT_EQ(detail::device_supports_pdl(), major >= 9);  // the cached answer
+}
+
 }  // namespace
 }  // namespace dsv41kv::test
