@@ -16,7 +16,8 @@
 #             racecheck checks every kernel and prints every hazard (--print-limit 0); a run passes
 #             when its tests pass and every hazard lies inside cuBLAS's sm90 GEMMs (nvjet_*, the
 #             projection's): they synchronise through mbarriers, which racecheck reports as
-#             potential WAR hazards (1156 / 12520 in DemoGpu / ProjectionGpu, call s9-2). Excluding
+#             potential WAR hazards (1156-1540 in the kernel suites' ProjectionGpu, 12520 in DemoGpu,
+#             calls s9-2 .. s10-2). Excluding
 #             those kernels instead (--kernel-name-exclude) made them fail under racecheck
 #             ("Internal Sanitizer Error ... hardware exception", call s9-4).
 #   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
