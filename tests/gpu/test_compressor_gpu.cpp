@@ -443,6 +443,7 @@ struct DecodeChain {
     if (ratio == 2) {
       EXPECT_NE(ring, ring0) << w << ": the steps must write ring rows";
     }
+    ASSERT_FALSE(cache.empty());
   }
 };
 
