@@ -126,8 +126,8 @@ struct BenchOptions {
   std::string stream_tail;          // "W,C[;W,C[;W,C]]", "0": no tail
   std::string timing = "do_bench";  // do_bench | sync (Timing)
   std::string decode_buffers = "per-layer";
-  bool pdl = true;                  // ExecContext::programmatic_launch (the library's default)
-  bool pdl_early_metadata = false;
+  bool pdl = ExecContext{}.programmatic_launch;  // the library's default launch
+  bool pdl_early_metadata = ExecContext{}.pdl_early_metadata;
 };
 
 #if defined(DSV41KV_WITH_CUDA)
