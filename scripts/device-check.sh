@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks of the CUDA backend, for the device machine (H200). Stages, in order (default all):
 #   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
+#             (+ dsv41kv-access-ceiling, which test_gpu's CLI tests run)
 #   test      $BUILD/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
 #   sanitize  compute-sanitizer memcheck and racecheck on every suite of test_gpu, child processes
 #             included (the CLI tests run `dsv41kv`), in parts that each get their own time limit:
@@ -21,7 +22,8 @@
 #             those kernels instead (--kernel-name-exclude) made them fail under racecheck
 #             ("Internal Sanitizer Error ... hardware exception", call s9-4).
 #   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
-#             same with --no-pdl, and decode variants (early metadata, shared buffers)
+#             same with --no-pdl, and decode variants (early metadata, shared buffers); then
+#             dsv41kv-access-ceiling (access-ceiling.txt: the 256K ratio-1 traffic without arithmetic)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
@@ -78,7 +80,7 @@ stage_build() {
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV41KV_CUDA=ON -DDSV41KV_BENCH=OFF \
     ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
-  ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli test_gpu > "$OUT/build.log" 2>&1
+  ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli dsv41kv_access_ceiling test_gpu > "$OUT/build.log" 2>&1
   local rc=$?
   grep -E "warning|error" "$OUT/build.log" | grep -v "^ninja" | head -50 > "$OUT/build-warnings.txt"
   return $rc
@@ -192,6 +194,7 @@ PY
     "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 --program-warps 1 \
       > "$OUT/bench-decode256-warps1.json" 2>> "$OUT/bench.err" || true
   fi
+  "$BUILD/dsv41kv-access-ceiling" --iters "$ITERS" > "$OUT/access-ceiling.txt" 2>> "$OUT/bench.err" || rc=1
   return $rc
 }
 
@@ -208,5 +211,6 @@ done
 [ -f "$OUT/test_gpu-summary.txt" ] && tail -25 "$OUT/test_gpu-summary.txt"
 [ -f "$OUT/sanitizer-summary.txt" ] && cat "$OUT/sanitizer-summary.txt"
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
+[ -f "$OUT/access-ceiling.txt" ] && cat "$OUT/access-ceiling.txt"
 cat "$summary"
 exit $status

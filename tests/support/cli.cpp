@@ -39,9 +39,11 @@ std::string slurp(const std::string& path) {
   return ss.str();
 }
 
-CliRun run_cli(const std::string& args, const TempDir& tmp) {
+CliRun run_cli(const std::string& args, const TempDir& tmp) { return run_program(cli_path(), args, tmp); }
+
+CliRun run_program(const std::string& program, const std::string& args, const TempDir& tmp) {
   const std::string out = tmp / "stdout.txt", err = tmp / "stderr.txt";
-  const std::string cmd = "'" + cli_path() + "' " + args + " > '" + out + "' 2> '" + err + "'";
+  const std::string cmd = "'" + program + "' " + args + " > '" + out + "' 2> '" + err + "'";
   const int st = std::system(cmd.c_str());
   CliRun r;
   r.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;

@@ -24,7 +24,9 @@ struct CliRun {
 
 std::string slurp(const std::string& path);
 
-// Runs `dsv41kv <args>` through the shell (args are pasted verbatim: quote paths yourself).
+// Runs `<program> <args>` through the shell (args are pasted verbatim: quote paths yourself).
+CliRun run_program(const std::string& program, const std::string& args, const TempDir& tmp);
+// run_program of the dsv41kv tool.
 CliRun run_cli(const std::string& args, const TempDir& tmp);
 
 }  // namespace dsv41kv::test

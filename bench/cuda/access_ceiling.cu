@@ -1,0 +1,292 @@
+// The memory-traffic ceiling of the 256K ratio-1 fused launch (see access_ceiling.hpp).
+#include "access_ceiling.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dsv41kv/records.hpp"
+
+namespace dsv41kv::bench {
+namespace {
+
+constexpr int kRowFloats = 512;              // a ratio-1 kv row: 512 fp32
+constexpr int kRowBytes = kRowFloats * 4;    // 2048
+constexpr int kPadFloats = kRowFloats + 64;  // the fused kernel's padded row (4 floats per 32)
+constexpr int kChunk = 8;                    // tokens per warp, as the fused kernel's 256K grid
+constexpr int kSlots = 3;                    // ring slots per warp: two rows ahead
+constexpr int kPageStates = 64;              // states per cache page (the bench's workload)
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct Params {
+  const float* kv;       // [T, 512] fp32 rows
+  const int64_t* slots;  // [T] insert slot of token t
+  uint8_t* cache;        // pages of kPageStates records
+  int64_t T;
+  int value_bytes, scale_bytes;  // record layout (values region, then scales region of a page)
+  int64_t page_stride;
+};
+
+// One token's record: the values as coalesced 4-byte words, then the scale bytes, at the slot's
+// place in its page (the record layouts of records.hpp). `x` stands for the quantised data.
+__device__ __forceinline__ void store_record(const Params& p, int64_t slot, int lane, uint32_t x) {
+  uint8_t* page = p.cache + (slot / kPageStates) * p.page_stride;
+  const int64_t r = slot % kPageStates;
+  uint8_t* val = page + r * p.value_bytes;
+  uint8_t* sc = page + kPageStates * p.value_bytes + r * p.scale_bytes;
+  for (int o = 4 * lane; o < p.value_bytes; o += 128) *reinterpret_cast<uint32_t*>(val + o) = x + o;
+  if (4 * lane < p.scale_bytes) *reinterpret_cast<uint32_t*>(sc + 4 * lane) = x;
+}
+
+__device__ __forceinline__ uint32_t fold(float4 v) {
+  return __float_as_uint(v.x) ^ __float_as_uint(v.y) ^ __float_as_uint(v.z) ^ __float_as_uint(v.w);
+}
+
+// The fused kernel's grid and traffic without its arithmetic: warp w owns tokens [8w, 8w + 8);
+// a metadata round (lane j: token 8w + j's slot), then per token: its 2048-byte row read the
+// mechanism's way, folded, and its record written.
+template <RowMechanism M>
+__global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
+  __shared__ __align__(128) float ring[M == RowMechanism::kRegisters ? 1 : 4][kSlots][kPadFloats];
+  __shared__ __align__(8) uint64_t bars[4][kSlots];
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * 4 + warp) * kChunk;
+  const int n = static_cast<int>(t0 < p.T ? std::min<int64_t>(kChunk, p.T - t0) : 0);
+  int64_t my_slot = -1;
+  if (lane < n) my_slot = p.slots[t0 + lane];
+  auto slot_of = [&](int j) {
+    return static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(my_slot), j));
+  };
+  const unsigned ul = static_cast<unsigned>(lane);
+  if constexpr (M == RowMechanism::kRegisters) {
+    // rows one token ahead in registers (4 x 16 bytes per lane)
+    float4 cur[4], next[4];
+    if (n > 0) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) cur[k] = reinterpret_cast<const float4*>(p.kv + t0 * kRowFloats)[lane + 32 * k];
+    }
+    for (int i = 0; i < n; ++i) {
+      if (i + 1 < n) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          next[k] = reinterpret_cast<const float4*>(p.kv + (t0 + i + 1) * kRowFloats)[lane + 32 * k];
+      }
+      uint32_t x = 0;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) x ^= fold(cur[k]);
+      const int64_t s = slot_of(i);
+      if (s >= 0) store_record(p, s, lane, x);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) cur[k] = next[k];
+    }
+  } else {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const uint32_t ring_sa = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][0]));
+    const uint32_t bars_sa = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
+    constexpr uint32_t kSlotBytes = kPadFloats * 4;
+    if constexpr (M == RowMechanism::kBulkCopy) {
+      if (lane < kSlots) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bars_sa + 8u * ul) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      __syncwarp();
+    }
+    // row of token j into slot j % kSlots: cp.async, 16 bytes per lane into the padded layout
+    // (one commit group per row), or one bulk copy of the whole row (unpadded) counted by the
+    // slot's mbarrier
+    auto copy = [&](int j) {
+      const float* row = p.kv + (t0 + j) * kRowFloats;
+      const uint32_t slot = ring_sa + static_cast<uint32_t>(j % kSlots) * kSlotBytes;
+      if constexpr (M == RowMechanism::kCpAsync) {
+        const uint32_t dst = slot + 4u * (4u * ul + 4u * (ul >> 3));
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 576u * k), "l"(row + 4 * lane + 128 * k)
+                       : "memory");
+        asm volatile("cp.async.commit_group;" ::: "memory");
+      } else if (lane == 0) {
+        const uint32_t bar = bars_sa + 8u * static_cast<uint32_t>(j % kSlots);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "n"(kRowBytes) : "memory");
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(slot),
+                     "l"(row), "n"(kRowBytes), "r"(bar)
+                     : "memory");
+      }
+    };
+    for (int j = 0; j < 2; ++j) {
+      if (j < n) copy(j);
+      else if constexpr (M == RowMechanism::kCpAsync) asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    for (int i = 0; i < n; ++i) {
+      const uint32_t su = static_cast<uint32_t>(i % kSlots);
+      if (i + 2 < n) copy(i + 2);
+      else if constexpr (M == RowMechanism::kCpAsync) asm volatile("cp.async.commit_group;" ::: "memory");
+      if constexpr (M == RowMechanism::kCpAsync) {
+        asm volatile("cp.async.wait_group 2;" ::: "memory");
+      } else {
+        uint32_t done = 0;
+        do {
+          asm volatile("{ .reg .pred q; mbarrier.try_wait.parity.shared.b64 q, [%1], %2; selp.u32 %0, 1, 0, q; }"
+                       : "=r"(done)
+                       : "r"(bars_sa + 8u * su), "r"(static_cast<uint32_t>((i / kSlots) & 1))
+                       : "memory");
+        } while (done == 0);
+      }
+      __syncwarp();
+      // the fused kernel's writer reads: lane l, dims 16l .. 16l + 15 (padded or not)
+      const uint32_t rd = ring_sa + su * kSlotBytes +
+                          4u * (M == RowMechanism::kCpAsync ? 16u * ul + 4u * (ul >> 1) : 16u * ul);
+      uint32_t x = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        float4 v;
+        asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(rd + 16u * c));
+        x ^= fold(v);
+      }
+      __syncwarp();
+      const int64_t s = slot_of(i);
+      if (s >= 0) store_record(p, s, lane, x);
+    }
+#else
+    (void)ring;
+    (void)bars;
+    (void)ul;
+    __trap();  // run_access_ceiling measures these only on sm_90 devices
+#endif
+  }
+}
+
+template <class T>
+struct DevBuf {
+  T* p = nullptr;
+  explicit DevBuf(size_t n) { ck(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc"); }
+  ~DevBuf() { cudaFree(p); }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+// dsv41kv bench's do_bench method: three warm-ups, then `iters` repetitions enqueued back to back,
+// each after a 256 MiB memset (the L2 flush, outside the events) between its own pair of events;
+// the median in microseconds.
+template <class F>
+double do_bench_us(cudaStream_t st, uint8_t* flush, size_t flush_bytes, int iters, F&& fn) {
+  for (int i = 0; i < 3; ++i) {
+    ck(cudaMemsetAsync(flush, 0, flush_bytes, st), "flush");
+    fn();
+  }
+  std::vector<cudaEvent_t> a(static_cast<size_t>(iters)), b(static_cast<size_t>(iters));
+  for (int i = 0; i < iters; ++i) {
+    ck(cudaEventCreate(&a[static_cast<size_t>(i)]), "event");
+    ck(cudaEventCreate(&b[static_cast<size_t>(i)]), "event");
+  }
+  for (int i = 0; i < iters; ++i) {
+    ck(cudaMemsetAsync(flush, 0, flush_bytes, st), "flush");
+    ck(cudaEventRecord(a[static_cast<size_t>(i)], st), "record");
+    fn();
+    ck(cudaEventRecord(b[static_cast<size_t>(i)], st), "record");
+  }
+  ck(cudaStreamSynchronize(st), "synchronize");
+  std::vector<double> us;
+  for (int i = 0; i < iters; ++i) {
+    float ms = 0;
+    ck(cudaEventElapsedTime(&ms, a[static_cast<size_t>(i)], b[static_cast<size_t>(i)]), "elapsed");
+    us.push_back(1e3 * ms);
+    cudaEventDestroy(a[static_cast<size_t>(i)]);
+    cudaEventDestroy(b[static_cast<size_t>(i)]);
+  }
+  std::sort(us.begin(), us.end());
+  return us[us.size() / 2];
+}
+
+}  // namespace
+
+const char* mechanism_name(RowMechanism m) {
+  switch (m) {
+    case RowMechanism::kRegisters: return "registers";
+    case RowMechanism::kCpAsync: return "cp.async";
+    case RowMechanism::kBulkCopy: return "bulk copy";
+  }
+  return "?";
+}
+
+CeilingReport run_access_ceiling(int iters) {
+  if (iters < 1) throw std::invalid_argument("iters must be >= 1, got " + std::to_string(iters));
+  int dev = 0, major = 0, minor = 0;
+  ck(cudaGetDevice(&dev), "cudaGetDevice");
+  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "attribute");
+  ck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "attribute");
+  cudaDeviceProp prop{};
+  ck(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+  CeilingReport rep;
+  rep.device = prop.name;
+  const bool sm90 = major >= 9;
+
+  constexpr int64_t T = 16 * 16384;  // the prefill256k workload
+  constexpr size_t kFlushBytes = size_t{256} << 20, kCopyBytes = size_t{2} << 30;
+  cudaStream_t st;
+  ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
+  DevBuf<uint8_t> flush(kFlushBytes), src(kCopyBytes), dst(kCopyBytes);
+  ck(cudaMemset(src.p, 1, kCopyBytes), "memset");
+  const double copy_us = do_bench_us(st, flush.p, kFlushBytes, std::max(iters, 5), [&] {
+    ck(cudaMemcpyAsync(dst.p, src.p, kCopyBytes, cudaMemcpyDeviceToDevice, st), "memcpy");
+  });
+  rep.copy_GBps = 2.0 * static_cast<double>(kCopyBytes) / (copy_us * 1e-6) / 1e9;
+
+  DevBuf<float> kv(static_cast<size_t>(T) * kRowFloats);
+  ck(cudaMemset(kv.p, 0x3F, static_cast<size_t>(T) * kRowBytes), "memset");
+  DevBuf<int64_t> slots(static_cast<size_t>(T));
+  {
+    std::vector<int64_t> h(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) h[static_cast<size_t>(t)] = t;  // consecutive, as the bench's
+    ck(cudaMemcpy(slots.p, h.data(), h.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
+  }
+  const int64_t max_page_stride = V4Layout::default_page_stride(kPageStates);
+  DevBuf<uint8_t> cache(static_cast<size_t>(T / kPageStates * max_page_stride));
+  ck(cudaMemset(cache.p, 0, static_cast<size_t>(T / kPageStates * max_page_stride)), "memset");
+
+  struct Fmt {
+    const char* name;
+    int vb, sb;
+    int64_t ps;
+  };
+  const Fmt fmts[] = {{"v4_584", V4Layout::kValueBytes, V4Layout::kScaleBytes, V4Layout::default_page_stride(kPageStates)},
+                      {"mxfp8_528", Mxfp8Layout::kValueBytes, Mxfp8Layout::kScaleBytes,
+                       Mxfp8Layout::default_page_stride(kPageStates)},
+                      {"nvfp4_288", Nvfp4Layout::kValueBytes, Nvfp4Layout::kScaleBytes,
+                       Nvfp4Layout::default_page_stride(kPageStates)}};
+  const unsigned blocks = static_cast<unsigned>((T / kChunk + 3) / 4);
+  for (const Fmt& f : fmts) {
+    CeilingRow row;
+    row.record = f.name;
+    row.bytes = static_cast<double>(T) * (kRowBytes + f.vb + f.sb);
+    const size_t half = static_cast<size_t>(row.bytes / 2);
+    row.copy_same_bytes_us = do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
+      ck(cudaMemcpyAsync(dst.p, src.p, half, cudaMemcpyDeviceToDevice, st), "memcpy");
+    });
+    const Params p{kv.p, slots.p, cache.p, T, f.vb, f.sb, f.ps};
+    for (RowMechanism m : {RowMechanism::kRegisters, RowMechanism::kCpAsync, RowMechanism::kBulkCopy}) {
+      if (m != RowMechanism::kRegisters && !sm90) {
+        row.us.push_back(-1.0);  // needs sm_90 (cp.async.bulk, and the same build's other form)
+        continue;
+      }
+      row.us.push_back(do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
+        if (m == RowMechanism::kRegisters) traffic_kernel<RowMechanism::kRegisters><<<blocks, 128, 0, st>>>(p);
+        else if (m == RowMechanism::kCpAsync) traffic_kernel<RowMechanism::kCpAsync><<<blocks, 128, 0, st>>>(p);
+        else traffic_kernel<RowMechanism::kBulkCopy><<<blocks, 128, 0, st>>>(p);
+        ck(cudaGetLastError(), "launch");
+      }));
+    }
+    rep.rows.push_back(row);
+  }
+  ck(cudaStreamSynchronize(st), "synchronize");
+  cudaStreamDestroy(st);
+  return rep;
+}
+
+}  // namespace dsv41kv::bench
