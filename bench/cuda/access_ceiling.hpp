@@ -9,7 +9,9 @@
 //              writer layout's 16-byte shared reads (the fused kernel's mechanism);
 //   bulk copy  one cp.async.bulk of the whole row per token (sm_90), unpadded ring, two ahead.
 // The fused kernel's figure in `dsv41kv bench` over this tool's is what its arithmetic and
-// pipeline cost; this tool's over the copy's is what the access pattern costs.
+// pipeline cost; this tool's over the copy's is what the access pattern costs. Not modelled: the
+// fused kernel's other inputs, positions and insert slots (16 bytes per token) and the RoPE table
+// rows (5 MB of distinct rows at 256K), ~1.3% more DRAM bytes than those counted.
 #pragma once
 
 #include <string>
