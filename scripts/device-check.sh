@@ -23,7 +23,8 @@
 #             ("Internal Sanitizer Error ... hardware exception", call s9-4).
 #   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
 #             same with --no-pdl, and decode variants (early metadata, shared buffers); then
-#             dsv41kv-access-ceiling (access-ceiling.txt: the 256K ratio-1 traffic without arithmetic)
+#             dsv41kv-access-ceiling, default and --inputs all (access-ceiling.txt: the 256K ratio-1
+#             traffic without arithmetic)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
@@ -195,6 +196,7 @@ PY
       > "$OUT/bench-decode256-warps1.json" 2>> "$OUT/bench.err" || true
   fi
   "$BUILD/dsv41kv-access-ceiling" --iters "$ITERS" > "$OUT/access-ceiling.txt" 2>> "$OUT/bench.err" || rc=1
+  "$BUILD/dsv41kv-access-ceiling" --iters "$ITERS" --inputs all >> "$OUT/access-ceiling.txt" 2>> "$OUT/bench.err" || rc=1
   return $rc
 }
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@ constexpr int kPadFloats = kRowFloats + 64;  // the fused kernel's padded row (4
 constexpr int kChunk = 8;                    // tokens per warp, as the fused kernel's 256K grid
 constexpr int kSlots = 3;                    // ring slots per warp: two rows ahead
 constexpr int kPageStates = 64;              // states per cache page (the bench's workload)
+constexpr int kRopeFloats = 64;              // a RoPE table row: cos of pairs 0..31, then their sin
 
 void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
@@ -26,7 +28,10 @@ void ck(cudaError_t e, const char* what) {
 
 struct Params {
   const float* kv;       // [T, 512] fp32 rows
-  const int64_t* slots;  // [T] insert slot of token t
+  const int64_t* slots;  // [T] slot mapping of token t (kAll: read only; else: the record's slot)
+  const int64_t* pos;    // [T] position of token t (kAll only)
+  const int64_t* ins;    // [T] insert slot of token t (kAll only: the record's slot)
+  const float* table;    // [rows, 64] RoPE table, row = position (kAll only)
   uint8_t* cache;        // pages of kPageStates records
   int64_t T;
   int value_bytes, scale_bytes;  // record layout (values region, then scales region of a page)
@@ -49,47 +54,73 @@ __device__ __forceinline__ uint32_t fold(float4 v) {
 }
 
 // The fused kernel's grid and traffic without its arithmetic: warp w owns tokens [8w, 8w + 8);
-// a metadata round (lane j: token 8w + j's slot), then per token: its 2048-byte row read the
-// mechanism's way, folded, and its record written.
-template <RowMechanism M>
+// a metadata round (lane j: token 8w + j's slot; kAll: also its position and insert slot), then
+// per token: its 2048-byte row read the mechanism's way (kAll: and its RoPE table row, 256 bytes:
+// by cp.async into a shared ring with the fused kernel's evict-last policy in the cp.async
+// kernel, by plain loads one token ahead in the others), folded, and its record written at its
+// slot (kAll: insert slot).
+template <RowMechanism M, bool kAll>
 __global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
   __shared__ __align__(128) float ring[M == RowMechanism::kRegisters ? 1 : 4][kSlots][kPadFloats];
+  __shared__ __align__(16) float rope_ring[M == RowMechanism::kCpAsync && kAll ? 4 : 1][kSlots][kRopeFloats];
   __shared__ __align__(8) uint64_t bars[4][kSlots];
   const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
   const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * 4 + warp) * kChunk;
   const int n = static_cast<int>(t0 < p.T ? std::min<int64_t>(kChunk, p.T - t0) : 0);
-  int64_t my_slot = -1;
-  if (lane < n) my_slot = p.slots[t0 + lane];
+  int64_t my_slot = -1, my_row = 0;
+  if (lane < n) {
+    my_slot = p.slots[t0 + lane];
+    if constexpr (kAll) {
+      const int64_t ps = p.pos[t0 + lane], in = p.ins[t0 + lane];
+      my_row = ps;
+      my_slot = my_slot < 0 ? -1 : in;
+    }
+  }
   auto slot_of = [&](int j) {
     return static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(my_slot), j));
+  };
+  // token j's RoPE entries for this lane (pair `lane`: cos, sin), plain loads
+  auto rope_of = [&](int j) {
+    const int64_t row = static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(my_row), j));
+    const float* e = p.table + row * kRopeFloats;
+    return make_float2(e[lane], e[32 + lane]);
   };
   const unsigned ul = static_cast<unsigned>(lane);
   if constexpr (M == RowMechanism::kRegisters) {
     // rows one token ahead in registers (4 x 16 bytes per lane)
     float4 cur[4], next[4];
+    float2 rope_cur = make_float2(0.0f, 0.0f), rope_next = rope_cur;
     if (n > 0) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) cur[k] = reinterpret_cast<const float4*>(p.kv + t0 * kRowFloats)[lane + 32 * k];
+      if constexpr (kAll) rope_cur = rope_of(0);
     }
     for (int i = 0; i < n; ++i) {
       if (i + 1 < n) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
           next[k] = reinterpret_cast<const float4*>(p.kv + (t0 + i + 1) * kRowFloats)[lane + 32 * k];
+        if constexpr (kAll) rope_next = rope_of(i + 1);
       }
-      uint32_t x = 0;
+      uint32_t x = __float_as_uint(rope_cur.x) ^ __float_as_uint(rope_cur.y);
 #pragma unroll
       for (int k = 0; k < 4; ++k) x ^= fold(cur[k]);
       const int64_t s = slot_of(i);
       if (s >= 0) store_record(p, s, lane, x);
 #pragma unroll
       for (int k = 0; k < 4; ++k) cur[k] = next[k];
+      rope_cur = rope_next;
     }
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     const uint32_t ring_sa = static_cast<uint32_t>(__cvta_generic_to_shared(&ring[warp][0][0]));
     const uint32_t bars_sa = static_cast<uint32_t>(__cvta_generic_to_shared(&bars[warp][0]));
-    constexpr uint32_t kSlotBytes = kPadFloats * 4;
+    const uint32_t rope_sa = static_cast<uint32_t>(__cvta_generic_to_shared(
+        &rope_ring[M == RowMechanism::kCpAsync && kAll ? warp : 0][0][0]));
+    constexpr uint32_t kSlotBytes = kPadFloats * 4, kRopeSlotBytes = kRopeFloats * 4;
+    uint64_t rope_policy = 0;
+    if constexpr (M == RowMechanism::kCpAsync && kAll)
+      asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(rope_policy));
     if constexpr (M == RowMechanism::kBulkCopy) {
       if (lane < kSlots) asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bars_sa + 8u * ul) : "memory");
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -107,6 +138,17 @@ __global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
         for (int k = 0; k < 4; ++k)
           asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 576u * k), "l"(row + 4 * lane + 128 * k)
                        : "memory");
+        if constexpr (kAll) {  // the RoPE entries as the fused kernel copies them
+          const int64_t trow = static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(my_row), j));
+          const float* e = p.table + trow * kRopeFloats;
+          const uint32_t rd = rope_sa + static_cast<uint32_t>(j % kSlots) * kRopeSlotBytes + 4u * ul;
+          asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(rd), "l"(e + lane),
+                       "l"(rope_policy)
+                       : "memory");
+          asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;" ::"r"(rd + 128u), "l"(e + 32 + lane),
+                       "l"(rope_policy)
+                       : "memory");
+        }
         asm volatile("cp.async.commit_group;" ::: "memory");
       } else if (lane == 0) {
         const uint32_t bar = bars_sa + 8u * static_cast<uint32_t>(j % kSlots);
@@ -141,6 +183,18 @@ __global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
       const uint32_t rd = ring_sa + su * kSlotBytes +
                           4u * (M == RowMechanism::kCpAsync ? 16u * ul + 4u * (ul >> 1) : 16u * ul);
       uint32_t x = 0;
+      if constexpr (kAll) {
+        if constexpr (M == RowMechanism::kCpAsync) {
+          float c0, s0;
+          const uint32_t rd = rope_sa + su * kRopeSlotBytes + 4u * ul;
+          asm volatile("ld.shared.f32 %0, [%1];" : "=f"(c0) : "r"(rd));
+          asm volatile("ld.shared.f32 %0, [%1];" : "=f"(s0) : "r"(rd + 128u));
+          x = __float_as_uint(c0) ^ __float_as_uint(s0);
+        } else {
+          const float2 r = rope_of(i);
+          x = __float_as_uint(r.x) ^ __float_as_uint(r.y);
+        }
+      }
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         float4 v;
@@ -155,6 +209,7 @@ __global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
     }
 #else
     (void)ring;
+    (void)rope_ring;
     (void)bars;
     (void)ul;
     __trap();  // run_access_ceiling measures these only on sm_90 devices
@@ -215,7 +270,14 @@ const char* mechanism_name(RowMechanism m) {
   return "?";
 }
 
-CeilingReport run_access_ceiling(int iters) {
+template <RowMechanism M>
+void launch_traffic(const Params& p, bool all_inputs, unsigned blocks, cudaStream_t st) {
+  if (all_inputs) traffic_kernel<M, true><<<blocks, 128, 0, st>>>(p);
+  else traffic_kernel<M, false><<<blocks, 128, 0, st>>>(p);
+  ck(cudaGetLastError(), "launch");
+}
+
+CeilingReport run_access_ceiling(int iters, bool all_inputs) {
   if (iters < 1) throw std::invalid_argument("iters must be >= 1, got " + std::to_string(iters));
   int dev = 0, major = 0, minor = 0;
   ck(cudaGetDevice(&dev), "cudaGetDevice");
@@ -225,6 +287,7 @@ CeilingReport run_access_ceiling(int iters) {
   ck(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
   CeilingReport rep;
   rep.device = prop.name;
+  rep.all_inputs = all_inputs;
   const bool sm90 = major >= 9;
 
   constexpr int64_t T = 16 * 16384;  // the prefill256k workload
@@ -245,6 +308,24 @@ CeilingReport run_access_ceiling(int iters) {
     std::vector<int64_t> h(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) h[static_cast<size_t>(t)] = t;  // consecutive, as the bench's
     ck(cudaMemcpy(slots.p, h.data(), h.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
+  }
+  // all_inputs: the bench's positions (16 requests of 16384 tokens, each from a random start below
+  // 4096), insert slots (consecutive) and a RoPE table with a row per position
+  constexpr int64_t kRequests = 16, kRequestTokens = T / kRequests, kTableRows = 4096 + kRequestTokens;
+  DevBuf<int64_t> pos(all_inputs ? static_cast<size_t>(T) : 1), ins(all_inputs ? static_cast<size_t>(T) : 1);
+  DevBuf<float> table(all_inputs ? static_cast<size_t>(kTableRows * kRopeFloats) : 1);
+  if (all_inputs) {
+    std::mt19937_64 rng(20261130);
+    std::uniform_int_distribution<int64_t> start(0, 4095);
+    std::vector<int64_t> hp(static_cast<size_t>(T)), hi(static_cast<size_t>(T));
+    for (int64_t r = 0; r < kRequests; ++r) {
+      const int64_t s0 = start(rng);
+      for (int64_t k = 0; k < kRequestTokens; ++k) hp[static_cast<size_t>(r * kRequestTokens + k)] = s0 + k;
+    }
+    for (int64_t t = 0; t < T; ++t) hi[static_cast<size_t>(t)] = t;
+    ck(cudaMemcpy(pos.p, hp.data(), hp.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
+    ck(cudaMemcpy(ins.p, hi.data(), hi.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
+    ck(cudaMemset(table.p, 0x3E, static_cast<size_t>(kTableRows * kRopeFloats) * sizeof(float)), "memset");
   }
   const int64_t max_page_stride = V4Layout::default_page_stride(kPageStates);
   DevBuf<uint8_t> cache(static_cast<size_t>(T / kPageStates * max_page_stride));
@@ -269,17 +350,17 @@ CeilingReport run_access_ceiling(int iters) {
     row.copy_same_bytes_us = do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
       ck(cudaMemcpyAsync(dst.p, src.p, half, cudaMemcpyDeviceToDevice, st), "memcpy");
     });
-    const Params p{kv.p, slots.p, cache.p, T, f.vb, f.sb, f.ps};
+    const Params p{kv.p, slots.p, all_inputs ? pos.p : nullptr, all_inputs ? ins.p : nullptr,
+                   all_inputs ? table.p : nullptr, cache.p, T, f.vb, f.sb, f.ps};
     for (RowMechanism m : {RowMechanism::kRegisters, RowMechanism::kCpAsync, RowMechanism::kBulkCopy}) {
       if (m != RowMechanism::kRegisters && !sm90) {
         row.us.push_back(-1.0);  // needs sm_90 (cp.async.bulk, and the same build's other form)
         continue;
       }
       row.us.push_back(do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
-        if (m == RowMechanism::kRegisters) traffic_kernel<RowMechanism::kRegisters><<<blocks, 128, 0, st>>>(p);
-        else if (m == RowMechanism::kCpAsync) traffic_kernel<RowMechanism::kCpAsync><<<blocks, 128, 0, st>>>(p);
-        else traffic_kernel<RowMechanism::kBulkCopy><<<blocks, 128, 0, st>>>(p);
-        ck(cudaGetLastError(), "launch");
+        if (m == RowMechanism::kRegisters) launch_traffic<RowMechanism::kRegisters>(p, all_inputs, blocks, st);
+        else if (m == RowMechanism::kCpAsync) launch_traffic<RowMechanism::kCpAsync>(p, all_inputs, blocks, st);
+        else launch_traffic<RowMechanism::kBulkCopy>(p, all_inputs, blocks, st);
       }));
     }
     rep.rows.push_back(row);

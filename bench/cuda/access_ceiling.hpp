@@ -9,9 +9,13 @@
 //              writer layout's 16-byte shared reads (the fused kernel's mechanism);
 //   bulk copy  one cp.async.bulk of the whole row per token (sm_90), unpadded ring, two ahead.
 // The fused kernel's figure in `dsv41kv bench` over this tool's is what its arithmetic and
-// pipeline cost; this tool's over the copy's is what the access pattern costs. Not modelled: the
-// fused kernel's other inputs, positions and insert slots (16 bytes per token) and the RoPE table
-// rows (5 MB of distinct rows at 256K), ~1.3% more DRAM bytes than those counted.
+// pipeline cost; this tool's over the copy's is what the access pattern costs. By default the
+// kernels read one int64 per token (its slot) besides its row; with all_inputs (`--inputs all`)
+// they also read what else the fused kernel reads: the token's position and insert slot (the
+// record goes to the insert slot) and its RoPE table row (256 bytes; 5 MB of distinct rows at
+// 256K, ~1.3% more DRAM bytes than the counted ones), the cp.async kernel by the fused kernel's
+// two 4-byte evict-last copies per lane into a shared ring, the registers kernel by plain loads
+// one token ahead, the bulk-copy kernel by plain loads when the token is processed.
 #pragma once
 
 #include <string>
@@ -30,12 +34,13 @@ struct CeilingRow {
 };
 struct CeilingReport {
   std::string device;
+  bool all_inputs = false;  // the kernels read positions, insert slots and RoPE rows too
   double copy_GBps = 0;  // the 2 GiB copy (read + written), as dsv41kv bench
   std::vector<CeilingRow> rows;
 };
 
 // Runs every measurement on the current CUDA device (`iters` timed repetitions each, median);
 // the cp.async and bulk-copy kernels only on compute capability >= 9.0. Throws on CUDA errors.
-CeilingReport run_access_ceiling(int iters);
+CeilingReport run_access_ceiling(int iters, bool all_inputs = false);
 
 }  // namespace dsv41kv::bench

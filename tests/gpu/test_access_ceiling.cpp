@@ -18,7 +18,10 @@ TEST(AccessCeilingCli, BadFlagsExit2WithAMessage) {
     const char* args;
     const char* message;  // expected in stderr
   };
-  const Case cases[] = {{"--iters 0", "--iters"}, {"--iters x", "--iters"}, {"--bogus", "--bogus"}};
+  const Case cases[] = {{"--iters 0", "--iters"},
+                        {"--iters x", "--iters"},
+                        {"--inputs some", "--inputs"},
+                        {"--bogus", "--bogus"}};
   for (const Case& c : cases) {
     const CliRun r = run_program(DSV41KV_ACCESS_CEILING_PATH, c.args, tmp);
     EXPECT_EQ(r.code, 2) << c.args << "\n" << r.out << r.err;
@@ -29,7 +32,7 @@ TEST(AccessCeilingCli, BadFlagsExit2WithAMessage) {
 TEST(AccessCeilingCli, WithoutGpuExits2WithTheReason) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: the tool runs (scripts/device-check.sh bench)";
   TempDir tmp;
-  const CliRun r = run_program(DSV41KV_ACCESS_CEILING_PATH, "--iters 3", tmp);
+  const CliRun r = run_program(DSV41KV_ACCESS_CEILING_PATH, "--iters 3 --inputs all", tmp);
   EXPECT_EQ(r.code, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("no CUDA device"), std::string::npos) << r.err;
 }
