@@ -1,46 +1,17 @@
-// The memory-traffic ceiling of the 256K ratio-1 fused launch (see access_ceiling.hpp).
-#include "access_ceiling.hpp"
-
-#include <cuda_runtime.h>
+// The traffic kernels of dsv41kv-access-ceiling (traffic_kernels.hpp, access_ceiling.hpp).
+#include "traffic_kernels.hpp"
 
 #include <algorithm>
-#include <random>
-#include <stdexcept>
-#include <string>
-#include <vector>
-
-#include "dsv41kv/records.hpp"
 
 namespace dsv41kv::bench {
 namespace {
 
-constexpr int kRowFloats = 512;              // a ratio-1 kv row: 512 fp32
-constexpr int kRowBytes = kRowFloats * 4;    // 2048
 constexpr int kPadFloats = kRowFloats + 64;  // the fused kernel's padded row (4 floats per 32)
-constexpr int kChunk = 8;                    // tokens per warp, as the fused kernel's 256K grid
 constexpr int kSlots = 3;                    // ring slots per warp: two rows ahead
-constexpr int kPageStates = 64;              // states per cache page (the bench's workload)
-constexpr int kRopeFloats = 64;              // a RoPE table row: cos of pairs 0..31, then their sin
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-struct Params {
-  const float* kv;       // [T, 512] fp32 rows
-  const int64_t* slots;  // [T] slot mapping of token t (kAll: read only; else: the record's slot)
-  const int64_t* pos;    // [T] position of token t (kAll only)
-  const int64_t* ins;    // [T] insert slot of token t (kAll only: the record's slot)
-  const float* table;    // [rows, 64] RoPE table, row = position (kAll only)
-  uint8_t* cache;        // pages of kPageStates records
-  int64_t T;
-  int value_bytes, scale_bytes;  // record layout (values region, then scales region of a page)
-  int64_t page_stride;
-};
 
 // One token's record: the values as coalesced 4-byte words, then the scale bytes, at the slot's
 // place in its page (the record layouts of records.hpp). `x` stands for the quantised data.
-__device__ __forceinline__ void store_record(const Params& p, int64_t slot, int lane, uint32_t x) {
+__device__ __forceinline__ void store_record(const TrafficParams& p, int64_t slot, int lane, uint32_t x) {
   uint8_t* page = p.cache + (slot / kPageStates) * p.page_stride;
   const int64_t r = slot % kPageStates;
   uint8_t* val = page + r * p.value_bytes;
@@ -60,7 +31,7 @@ __device__ __forceinline__ uint32_t fold(float4 v) {
 // kernel, by plain loads one token ahead in the others), folded, and its record written at its
 // slot (kAll: insert slot).
 template <RowMechanism M, bool kAll>
-__global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
+__global__ void __launch_bounds__(128) traffic_kernel(const TrafficParams p) {
   __shared__ __align__(128) float ring[M == RowMechanism::kRegisters ? 1 : 4][kSlots][kPadFloats];
   __shared__ __align__(16) float rope_ring[M == RowMechanism::kCpAsync && kAll ? 4 : 1][kSlots][kRopeFloats];
   __shared__ __align__(8) uint64_t bars[4][kSlots];
@@ -217,157 +188,25 @@ __global__ void __launch_bounds__(128) traffic_kernel(const Params p) {
   }
 }
 
-template <class T>
-struct DevBuf {
-  T* p = nullptr;
-  explicit DevBuf(size_t n) { ck(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc"); }
-  ~DevBuf() { cudaFree(p); }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
-// dsv41kv bench's do_bench method: three warm-ups, then `iters` repetitions enqueued back to back,
-// each after a 256 MiB memset (the L2 flush, outside the events) between its own pair of events;
-// the median in microseconds.
-template <class F>
-double do_bench_us(cudaStream_t st, uint8_t* flush, size_t flush_bytes, int iters, F&& fn) {
-  for (int i = 0; i < 3; ++i) {
-    ck(cudaMemsetAsync(flush, 0, flush_bytes, st), "flush");
-    fn();
-  }
-  std::vector<cudaEvent_t> a(static_cast<size_t>(iters)), b(static_cast<size_t>(iters));
-  for (int i = 0; i < iters; ++i) {
-    ck(cudaEventCreate(&a[static_cast<size_t>(i)]), "event");
-    ck(cudaEventCreate(&b[static_cast<size_t>(i)]), "event");
-  }
-  for (int i = 0; i < iters; ++i) {
-    ck(cudaMemsetAsync(flush, 0, flush_bytes, st), "flush");
-    ck(cudaEventRecord(a[static_cast<size_t>(i)], st), "record");
-    fn();
-    ck(cudaEventRecord(b[static_cast<size_t>(i)], st), "record");
-  }
-  ck(cudaStreamSynchronize(st), "synchronize");
-  std::vector<double> us;
-  for (int i = 0; i < iters; ++i) {
-    float ms = 0;
-    ck(cudaEventElapsedTime(&ms, a[static_cast<size_t>(i)], b[static_cast<size_t>(i)]), "elapsed");
-    us.push_back(1e3 * ms);
-    cudaEventDestroy(a[static_cast<size_t>(i)]);
-    cudaEventDestroy(b[static_cast<size_t>(i)]);
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
-}
-
 }  // namespace
 
-const char* mechanism_name(RowMechanism m) {
+cudaError_t launch_traffic(RowMechanism m, bool all_inputs, const TrafficParams& p, cudaStream_t st) {
+  const unsigned blocks = static_cast<unsigned>((p.T / kChunk + 3) / 4);  // 4 warps per block
   switch (m) {
-    case RowMechanism::kRegisters: return "registers";
-    case RowMechanism::kCpAsync: return "cp.async";
-    case RowMechanism::kBulkCopy: return "bulk copy";
+    case RowMechanism::kRegisters:
+      if (all_inputs) traffic_kernel<RowMechanism::kRegisters, true><<<blocks, 128, 0, st>>>(p);
+      else traffic_kernel<RowMechanism::kRegisters, false><<<blocks, 128, 0, st>>>(p);
+      break;
+    case RowMechanism::kCpAsync:
+      if (all_inputs) traffic_kernel<RowMechanism::kCpAsync, true><<<blocks, 128, 0, st>>>(p);
+      else traffic_kernel<RowMechanism::kCpAsync, false><<<blocks, 128, 0, st>>>(p);
+      break;
+    case RowMechanism::kBulkCopy:
+      if (all_inputs) traffic_kernel<RowMechanism::kBulkCopy, true><<<blocks, 128, 0, st>>>(p);
+      else traffic_kernel<RowMechanism::kBulkCopy, false><<<blocks, 128, 0, st>>>(p);
+      break;
   }
-  return "?";
-}
-
-template <RowMechanism M>
-void launch_traffic(const Params& p, bool all_inputs, unsigned blocks, cudaStream_t st) {
-  if (all_inputs) traffic_kernel<M, true><<<blocks, 128, 0, st>>>(p);
-  else traffic_kernel<M, false><<<blocks, 128, 0, st>>>(p);
-  ck(cudaGetLastError(), "launch");
-}
-
-CeilingReport run_access_ceiling(int iters, bool all_inputs) {
-  if (iters < 1) throw std::invalid_argument("iters must be >= 1, got " + std::to_string(iters));
-  int dev = 0, major = 0, minor = 0;
-  ck(cudaGetDevice(&dev), "cudaGetDevice");
-  ck(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "attribute");
-  ck(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "attribute");
-  cudaDeviceProp prop{};
-  ck(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
-  CeilingReport rep;
-  rep.device = prop.name;
-  rep.all_inputs = all_inputs;
-  const bool sm90 = major >= 9;
-
-  constexpr int64_t T = 16 * 16384;  // the prefill256k workload
-  constexpr size_t kFlushBytes = size_t{256} << 20, kCopyBytes = size_t{2} << 30;
-  cudaStream_t st;
-  ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-  DevBuf<uint8_t> flush(kFlushBytes), src(kCopyBytes), dst(kCopyBytes);
-  ck(cudaMemset(src.p, 1, kCopyBytes), "memset");
-  const double copy_us = do_bench_us(st, flush.p, kFlushBytes, std::max(iters, 5), [&] {
-    ck(cudaMemcpyAsync(dst.p, src.p, kCopyBytes, cudaMemcpyDeviceToDevice, st), "memcpy");
-  });
-  rep.copy_GBps = 2.0 * static_cast<double>(kCopyBytes) / (copy_us * 1e-6) / 1e9;
-
-  DevBuf<float> kv(static_cast<size_t>(T) * kRowFloats);
-  ck(cudaMemset(kv.p, 0x3F, static_cast<size_t>(T) * kRowBytes), "memset");
-  DevBuf<int64_t> slots(static_cast<size_t>(T));
-  {
-    std::vector<int64_t> h(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) h[static_cast<size_t>(t)] = t;  // consecutive, as the bench's
-    ck(cudaMemcpy(slots.p, h.data(), h.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
-  }
-  // all_inputs: the bench's positions (16 requests of 16384 tokens, each from a random start below
-  // 4096), insert slots (consecutive) and a RoPE table with a row per position
-  constexpr int64_t kRequests = 16, kRequestTokens = T / kRequests, kTableRows = 4096 + kRequestTokens;
-  DevBuf<int64_t> pos(all_inputs ? static_cast<size_t>(T) : 1), ins(all_inputs ? static_cast<size_t>(T) : 1);
-  DevBuf<float> table(all_inputs ? static_cast<size_t>(kTableRows * kRopeFloats) : 1);
-  if (all_inputs) {
-    std::mt19937_64 rng(20261130);
-    std::uniform_int_distribution<int64_t> start(0, 4095);
-    std::vector<int64_t> hp(static_cast<size_t>(T)), hi(static_cast<size_t>(T));
-    for (int64_t r = 0; r < kRequests; ++r) {
-      const int64_t s0 = start(rng);
-      for (int64_t k = 0; k < kRequestTokens; ++k) hp[static_cast<size_t>(r * kRequestTokens + k)] = s0 + k;
-    }
-    for (int64_t t = 0; t < T; ++t) hi[static_cast<size_t>(t)] = t;
-    ck(cudaMemcpy(pos.p, hp.data(), hp.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
-    ck(cudaMemcpy(ins.p, hi.data(), hi.size() * sizeof(int64_t), cudaMemcpyHostToDevice), "upload");
-    ck(cudaMemset(table.p, 0x3E, static_cast<size_t>(kTableRows * kRopeFloats) * sizeof(float)), "memset");
-  }
-  const int64_t max_page_stride = V4Layout::default_page_stride(kPageStates);
-  DevBuf<uint8_t> cache(static_cast<size_t>(T / kPageStates * max_page_stride));
-  ck(cudaMemset(cache.p, 0, static_cast<size_t>(T / kPageStates * max_page_stride)), "memset");
-
-  struct Fmt {
-    const char* name;
-    int vb, sb;
-    int64_t ps;
-  };
-  const Fmt fmts[] = {{"v4_584", V4Layout::kValueBytes, V4Layout::kScaleBytes, V4Layout::default_page_stride(kPageStates)},
-                      {"mxfp8_528", Mxfp8Layout::kValueBytes, Mxfp8Layout::kScaleBytes,
-                       Mxfp8Layout::default_page_stride(kPageStates)},
-                      {"nvfp4_288", Nvfp4Layout::kValueBytes, Nvfp4Layout::kScaleBytes,
-                       Nvfp4Layout::default_page_stride(kPageStates)}};
-  const unsigned blocks = static_cast<unsigned>((T / kChunk + 3) / 4);
-  for (const Fmt& f : fmts) {
-    CeilingRow row;
-    row.record = f.name;
-    row.bytes = static_cast<double>(T) * (kRowBytes + f.vb + f.sb);
-    const size_t half = static_cast<size_t>(row.bytes / 2);
-    row.copy_same_bytes_us = do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
-      ck(cudaMemcpyAsync(dst.p, src.p, half, cudaMemcpyDeviceToDevice, st), "memcpy");
-    });
-    const Params p{kv.p, slots.p, all_inputs ? pos.p : nullptr, all_inputs ? ins.p : nullptr,
-                   all_inputs ? table.p : nullptr, cache.p, T, f.vb, f.sb, f.ps};
-    for (RowMechanism m : {RowMechanism::kRegisters, RowMechanism::kCpAsync, RowMechanism::kBulkCopy}) {
-      if (m != RowMechanism::kRegisters && !sm90) {
-        row.us.push_back(-1.0);  // needs sm_90 (cp.async.bulk, and the same build's other form)
-        continue;
-      }
-      row.us.push_back(do_bench_us(st, flush.p, kFlushBytes, iters, [&] {
-        if (m == RowMechanism::kRegisters) launch_traffic<RowMechanism::kRegisters>(p, all_inputs, blocks, st);
-        else if (m == RowMechanism::kCpAsync) launch_traffic<RowMechanism::kCpAsync>(p, all_inputs, blocks, st);
-        else launch_traffic<RowMechanism::kBulkCopy>(p, all_inputs, blocks, st);
-      }));
-    }
-    rep.rows.push_back(row);
-  }
-  ck(cudaStreamSynchronize(st), "synchronize");
-  cudaStreamDestroy(st);
-  return rep;
+  return cudaGetLastError();
 }
 
 }  // namespace dsv41kv::bench
