@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "compressor/backend.hpp"
 #include "compressor/cuda_kernels.hpp"
@@ -39,6 +42,36 @@ void set_stream_chunk_override(int programs) {
   g_stream_chunk.store(programs);
 }
 int stream_chunk_override() { return g_stream_chunk.load(std::memory_order_relaxed); }
+
+namespace {
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
+      throw std::runtime_error(std::string("CUDA driver entry point cuTensorMapEncodeTiled not found (") +
+                               cudaGetErrorString(e) + ", query result " + std::to_string(static_cast<int>(q)) + ")");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+}  // namespace
+
+CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride) {
+  CUtensorMap m{};
+  const cuuint64_t dim[3] = {32, 16, static_cast<cuuint64_t>(rows)};
+  const cuuint64_t stride[2] = {128, static_cast<cuuint64_t>(row_stride) * sizeof(float)};  // bytes, dims 1 and 2
+  const cuuint32_t box[3] = {32, 16, 1};
+  const cuuint32_t elem_stride[3] = {1, 1, 1};
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(kv), dim, stride,
+                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
+                             ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) + " floats)");
+  return m;
+}
 namespace {
 std::mutex g_taper_mu;
 StreamTaper g_taper;

@@ -170,6 +170,7 @@ __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, 
 //    The slot address stays one register; through a generic pointer into a runtime-selected slot
 //    nvcc rebuilt it from the CTA's shared window (S2R SR_CgaCtaId, LEA, IMADs) in every program.
 struct PooledPtr {
+  static constexpr bool kSwizzled = false;  // dim d at pooled_index(d)
   const float* p;
   __device__ __forceinline__ float f32(unsigned off) const { return p[off]; }
   __device__ __forceinline__ float2 f32x2(unsigned off) const {
@@ -178,6 +179,7 @@ struct PooledPtr {
   __device__ __forceinline__ float4 f32x4(unsigned off) const { return ld4(p + off); }
 };
 struct PooledSmem {
+  static constexpr bool kSwizzled = false;  // dim d at pooled_index(d)
   uint32_t a;  // shared-window address of float 0
   __device__ __forceinline__ float f32(unsigned off) const {
     float v;
@@ -197,6 +199,42 @@ struct PooledSmem {
     return v;
   }
 };
+// A ratio-1 kv row as its TMA copy lands it in a 1024-byte aligned ring slot (kv_rows_tensor_map:
+// the row as 16 lines of 128 bytes, 128-byte swizzle): byte o of the row at
+// o ^ (((o >> 7) & 7) << 4), i.e. 16-byte unit u of line r at unit u ^ (r % 8). The swizzle is
+// what makes process_warp's reads of an unpadded row conflict-free (the padding of the cp.async
+// layout cannot be had from one bulk copy): the RMS reads (lane l: dim l + 32i) read one whole
+// line per instruction; the writer reads (lane l: dims 16l + 4c .. +3, 16-byte) of the eight
+// lanes of a quarter warp fall in eight distinct units: lanes 2m and 2m + 1 read line m, units
+// c ^ (m % 8) and (4 + c) ^ (m % 8). Every lane still receives its own dims in its own order.
+struct RowSwizzled {
+  static constexpr bool kSwizzled = true;
+  uint32_t a;  // shared-window address of the slot (1024-byte aligned)
+  __device__ __forceinline__ float rms(unsigned ul, int i) const {  // dim ul + 32 i
+    float v;
+    const uint32_t o = 128u * i + ((4u * ul) ^ (16u * (i & 7)));
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a + o));
+    return v;
+  }
+  __device__ __forceinline__ float4 chunk(unsigned ul, int c) const {  // dims 16 ul + 4c .. + 3
+    float4 v;
+    const uint32_t o = 128u * (ul >> 1) + ((64u * (ul & 1u) + 16u * c) ^ (16u * ((ul >> 1) & 7u)));
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a + o));
+    return v;
+  }
+  __device__ __forceinline__ float2 rope_pair(unsigned ul) const {  // dims 448 + 2 ul, + 1
+    float2 v;
+    const uint32_t line = 14u + (ul >> 4);
+    const uint32_t o = 128u * line + ((8u * (ul & 15u)) ^ (16u * (line & 7u)));
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a + o));
+    return v;
+  }
+};
+// Byte offset of byte o of a row in the RowSwizzled layout (the pre-sm_90 fallback copy).
+__host__ __device__ constexpr uint32_t row_swizzled_offset(uint32_t o) { return o ^ (((o >> 7) & 7u) << 4); }
+static_assert(row_swizzled_offset(0) == 0 && row_swizzled_offset(128) == 144 && row_swizzled_offset(1024 + 7 * 128 + 112) == 1024 + 7 * 128);
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -213,6 +251,7 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
   //   RMS          d = lane + 32*i    : lane + 36*i
   //   writer       d = 16*lane + 4*c  : 16*lane + 4*(lane/2) + 4*c
+  // (RowSwizzled: the same dims from the swizzled unpadded row, its own address arithmetic)
   // RoPE pair `lane` (dims 448 + 2*lane, 449 + 2*lane) is rotated by this lane (every record
   // format) with the table entries rc, rsn; its pooled values are read with the lane's other
   // reads of the scratch
@@ -224,7 +263,9 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   float part = 0.0f;
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
-    const float v = pooled.f32(pr + 36u * i);
+    float v;
+    if constexpr (Pooled::kSwizzled) v = pooled.rms(ul, i);
+    else v = pooled.f32(pr + 36u * i);
     part = num::fma_rn(v, v, part);
   }
 #pragma unroll
@@ -237,7 +278,9 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   float pw[16];
 #pragma unroll
   for (int c = 0; c < 4; ++c) {
-    const float4 v = pooled.f32x4(pwb + 4u * c);
+    float4 v;
+    if constexpr (Pooled::kSwizzled) v = pooled.chunk(ul, c);
+    else v = pooled.f32x4(pwb + 4u * c);
     pw[4 * c] = v.x;
     pw[4 * c + 1] = v.y;
     pw[4 * c + 2] = v.z;
@@ -245,7 +288,10 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   }
   // pooled_index(448 + 2*lane) = 504 + 2*lane + 4*(lane/16) (8-byte aligned, conflict-free)
   float2 pr2 = make_float2(0.0f, 0.0f);
-  if constexpr (F != kNoRecord) pr2 = pooled.f32x2(504u + 2u * ul + 4u * (ul >> 4));
+  if constexpr (F != kNoRecord) {
+    if constexpr (Pooled::kSwizzled) pr2 = pooled.rope_pair(ul);
+    else pr2 = pooled.f32x2(504u + 2u * ul + 4u * (ul >> 4));
+  }
   __syncwarp();  // every read of `pooled` done: the next program may overwrite it
   // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
   float f[16];
@@ -366,6 +412,18 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
   __shared__ __align__(16) float rows[4][kRowsAhead + 1][kPooledFloats];
   return rows[warp];
 }
+// Ratio 1 with TMA rows (kRowsTma): the warp's ring of unpadded swizzled rows (RowSwizzled; the
+// 128-byte swizzle needs 1024-byte aligned slots) and one mbarrier per slot.
+template <int R>
+__device__ __forceinline__ float (*smem_rows_tma(int warp))[kLatentDim] {
+  __shared__ __align__(1024) float rows[4][kRowsAhead + 1][kLatentDim];
+  return rows[warp];
+}
+template <int R>
+__device__ __forceinline__ uint64_t* smem_row_barriers(int warp) {
+  __shared__ __align__(8) uint64_t bars[4][kRowsAhead + 1];
+  return bars[warp];
+}
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
 // 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
 // eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older
@@ -421,6 +479,76 @@ __device__ __forceinline__ void cp_async16_row(uint32_t d, const float* gmem_src
   else cp_async16_sa(d, gmem_src);
 }
 
+// Ratio-1 kv rows by TMA (the chunk-8 instantiation, i.e. large grids): one bulk tensor copy
+// of the whole 2048-byte row per token into its ring slot (RowSwizzled layout), issued by lane 0
+// and counted by the slot's mbarrier (expected bytes, then the copy's complete_tx); every lane
+// waits on the barrier's phase parity. Why (session 12, docs/perf-notes.md v24): a traffic kernel
+// without arithmetic moved the 256K bytes at ~92% of the copy with the per-lane 16-byte cp.async
+// of the padded ring and at ~94-95% with one bulk copy per row; the fused kernel with a bulk copy
+// of unpadded rows was slower (4-way bank conflicts in the writer reads) until the rows were
+// swizzled. A tensor copy (cp.async.bulk.tensor with a tensor map) rather than the plain
+// cp.async.bulk: the swizzle needs the map, and compute-sanitizer racecheck reports every plain
+// bulk copy's shared writes as unsynchronised with the reads after the mbarrier wait ("invalid
+// async operation synchronization", a tool limitation, session 11), while a tensor copy's writes
+// are not attributed to a thread. The chunk-16 instantiation (small grids, ratio-1 NVFP4) keeps
+// the cp.async ring with its L2 evict-first row policy.
+template <int R, int C>
+inline constexpr bool kRowsTma = R == 1 && C == kChunkLarge;
+inline constexpr uint32_t kRowTmaBytes = kLatentDim * 4;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void row_barrier_init(uint32_t bar) {
+  asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+// the initialised barriers visible to the async proxy (the copies' complete_tx)
+__device__ __forceinline__ void row_barrier_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// kv row t into the slot at shared address `dst` (all 32 lanes call; lane 0 issues)
+__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, const CompressParams&, int64_t t,
+                                        uint32_t bar, int lane) {
+  if (lane == 0) {
+    // the warp's reads of the slot's previous row (generic proxy, ended before a __syncwarp)
+    // ordered before the copy's writes (async proxy)
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "n"(kRowTmaBytes) : "memory");
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(0), "r"(static_cast<int32_t>(t)), "r"(bar)
+        : "memory");
+  }
+}
+// waits until the barrier's phase of the given parity has completed (acquire: the copy's bytes
+// are visible to the calling lane)
+__device__ __forceinline__ void row_barrier_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+#else
+// Builds for older architectures (no TMA; never launched on the sm_90 devices this path is for):
+// the warp copies the row synchronously into the same swizzled layout.
+__device__ __forceinline__ void row_barrier_init(uint32_t) {}
+__device__ __forceinline__ void row_barrier_init_fence() {}
+__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap*, const CompressParams& p, int64_t t, uint32_t,
+                                        int lane) {
+  __syncwarp();  // every lane's reads of the slot done
+  const float* src = p.kv + t * p.kv_stride;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t q = static_cast<uint32_t>(lane + 32 * k);  // float4 q of the row
+    const float4 v = ld4(src + 4 * q);
+    *static_cast<float4*>(__cvta_shared_to_generic(dst + row_swizzled_offset(16u * q))) = v;
+  }
+  __syncwarp();  // ... and the row visible to the warp
+}
+__device__ __forceinline__ void row_barrier_wait(uint32_t, uint32_t) {}
+#endif
+
 template <int R, int F>
 __device__ __forceinline__ void request_program_warp(const CompressParams& p, int64_t prog,
                                                      float* pooled, int lane,
@@ -441,9 +569,10 @@ template <int R, int F>
 inline constexpr int kStreamMinBlocks =
     R == 2 ? 3 : (F == kNv ? DSV41KV_R1_NV_MIN_BLOCKS : DSV41KV_R1_MIN_BLOCKS);
 
+// kv_map: the kv rows as a TMA tensor map (kv_rows_tensor_map) when kRowsTma<R, C>, else unused.
 template <int R, int F, int C>
 __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
-    compress_stream_kernel(const CompressParams p) {
+    compress_stream_kernel(const CompressParams p, const __grid_constant__ CUtensorMap kv_map) {
   static_assert(C <= 32);
   // RoPE table entries of the inserts, copied kRopeAhead programs ahead (cp.async): the table
   // row of a program is known only from its position, and a plain load issued at the start of
@@ -489,8 +618,16 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   }
   // ratio 1: the warp's shared ring of rows (kRowsAhead + 1 slots, see the chunk loop), its
   // addresses computed once per warp
-  uint32_t rows_sa = 0, row_dst_lane = 0;
-  if constexpr (R == 1) {
+  // (kRowsTma: the slots' barriers too, and row_parity bit s: the parity of slot s's next phase,
+  // one phase per row copied into the slot)
+  uint32_t rows_sa = 0, row_dst_lane = 0, bars_sa = 0, row_parity = 0;
+  if constexpr (kRowsTma<R, C>) {
+    rows_sa = smem_address(smem_rows_tma<R>(warp)[0]);
+    bars_sa = smem_address(smem_row_barriers<R>(warp));
+    if (lane <= kRowsAhead) row_barrier_init(bars_sa + 8u * static_cast<uint32_t>(lane));
+    row_barrier_init_fence();
+    __syncwarp();
+  } else if constexpr (R == 1) {
     const unsigned ul = static_cast<unsigned>(lane);
     rows_sa = smem_address(smem_rows<R>(warp)[0]);
     row_dst_lane = rows_sa + 4u * (4u * ul + 4u * (ul >> 3));
@@ -541,7 +678,50 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     };
 
     const int nn = static_cast<int>(n);
-    if constexpr (R == 1) {
+    if constexpr (kRowsTma<R, C>) {
+      // Rows (TMA, tma_row) and RoPE entries (cp.async, one commit group per program) of program
+      // j into ring slot j % (ahead + 1), kRowsAhead programs ahead, as below; program i's row is
+      // waited for on its slot's barrier (its copy was issued: same t).
+      constexpr int kSlots = kRowsAhead + 1;
+      auto copy = [&](int j, int slot) {
+        const int64_t tj = shfl64(role_t, j);
+        const uint32_t us = static_cast<uint32_t>(slot);
+        if (tj >= 0) tma_row(rows_sa + us * kRowTmaBytes, &kv_map, p, tj, bars_sa + 8u * us, lane);
+        copy_rope(j, slot);
+        cp_async_commit();
+      };
+  #pragma unroll
+      for (int j = 0; j < kRowsAhead; ++j) {
+        if (j < nn) copy(j, j);
+        else cp_async_commit();
+      }
+      int s_use = 0, s_fill = kRowsAhead;
+      for (int i = 0; i < nn; ++i) {
+        // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
+        // process_warp
+        if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
+        else cp_async_commit();
+        cp_async_wait<kRowsAhead>();  // this lane's RoPE copies of program i have landed
+        __syncwarp();                  // ... and every lane's, visible to the warp
+        const int64_t t = shfl64(role_t, i);
+        const uint32_t us = static_cast<uint32_t>(s_use);
+        if (t >= 0) {
+          row_barrier_wait(bars_sa + 8u * us, (row_parity >> us) & 1u);
+          row_parity ^= 1u << us;
+        }
+        const int64_t pg = shfl64(role_page, i);
+        const int64_t ir = shfl64(role_r, i);
+        float rc = 0.0f, rsn = 0.0f;
+        if constexpr (F != kNoRecord) {
+          if (pg >= 0) read_rope(s_use, rc, rsn);
+        }
+        if (t >= 0)
+          process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowTmaBytes}, lane, wb, wrope);
+        s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
+        s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
+      }
+      continue;  // the next chunk (every slot read above ended before its __syncwarp)
+    } else if constexpr (R == 1) {
       // Rows and RoPE entries of program j copied (cp.async) into ring slot j % (ahead + 1),
       // kRowsAhead programs ahead: 6 KiB per warp in flight without holding registers. The row
       // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
@@ -997,8 +1177,10 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     blocks = sp.blocks;
     for (int k = 0; k < kStreamSegs; ++k) q.seg[k] = sp.seg[k];
   }
+  CUtensorMap kv_map{};
+  if constexpr (kRowsTma<R, C>) kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride);
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
-                pdl, q);
+                pdl, q, kv_map);
 }
 
 // Programs per chunk C of the streaming kernel (at most 32: one lane resolves each program's
@@ -1019,6 +1201,8 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
     const bool large = (R == 2 || F != kNv) && blocks8 >= 4 * resident_blocks<R, F, kChunkLarge>();
     c = large ? kChunkLarge : kChunkSmall;
   }
+  // the chunk-8 ratio-1 kernel's TMA copies address a token by a 32-bit coordinate
+  if (R == 1 && c == kChunkLarge && p.N > INT32_MAX) c = kChunkSmall;
   if (c == kChunkLarge) launch_compress_stream_c<R, F, kChunkLarge>(p, stream, pdl);
   else launch_compress_stream_c<R, F, kChunkSmall>(p, stream, pdl);
 }

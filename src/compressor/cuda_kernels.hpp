@@ -5,6 +5,7 @@
 // file small.
 #pragma once
 
+#include <cuda.h>  // CUtensorMap
 #include <cuda_runtime.h>
 
 #include <cstddef>
@@ -229,6 +230,15 @@ inline constexpr int64_t kSmallGridPrograms = 1024;
 // pdl: programmatic dependent launch (ExecContext::programmatic_launch).
 template <int F>
 void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl);
+
+// The first `rows` ratio-1 kv rows (512 floats each, `row_stride` floats apart, 16-byte aligned,
+// row_stride % 16 == 0, rows in [1, 2^31)) as a TMA tensor map for the streaming kernel's row
+// copies: three dimensions {32 floats, 16 lines of 128 bytes, rows}, a box of one whole row, the
+// 128-byte swizzle (RowSwizzled in cuda_compress.cuh). Encoded on the host (the driver's
+// cuTensorMapEncodeTiled, through the runtime's entry-point query: no libcuda link), no device
+// work; passed by value as a kernel parameter, so graph capture records it with the launch.
+// Throws std::runtime_error when the driver refuses (not expected for validated arguments).
+CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride);
 
 // RoPE + quantized insert of latent rows (SPEC 5.1).
 struct InsertParams {
