@@ -20,6 +20,8 @@ struct GpuBatchSpec {
   int pad_rows = 3;
   int64_t cap = 8;
   int64_t ring_block_extra = 16;  // block stride = cap*1024 + extra floats (1 -> unaligned rows)
+  int64_t kv_row_extra = 0;       // kv_score row stride = 512*ratio + extra floats (% 16 == 0);
+                                  // the extra floats hold NaN: a record that read them would show it
   double invalid_slot_fraction = 0.03;  // ring/cache slots forced to -1
   bool null_request = true;       // one request with every ring slot -1 (null ring block)
   RecordFormat format = RecordFormat::V4_584;
@@ -48,6 +50,7 @@ struct GpuBatch {
   std::vector<uint16_t> cache16;
 
   int64_t width() const { return int64_t{512} * s.ratio; }
+  int64_t kv_stride() const { return width() + s.kv_row_extra; }
   bool bf16_cache() const { return s.format == RecordFormat::PLAIN_BF16; }
 
   static GpuBatch make(const GpuBatchSpec& spec, Rng& rng) {
@@ -62,7 +65,7 @@ struct GpuBatch {
     b.rows = b.N + 3;
     b.ring_blocks = spec.num_reqs + 3;
     b.block_stride = spec.cap * 1024 + spec.ring_block_extra;
-    b.kv.resize(static_cast<size_t>(b.rows * b.width()));
+    b.kv.assign(static_cast<size_t>(b.rows * b.kv_stride()), NAN);
     for (int64_t t = 0; t < b.rows; ++t)
       for (int64_t c = 0; c < b.width(); ++c) {
         float v = static_cast<float>(rng.normal() * (c >= 512 ? spec.score_scale : 1.0));
@@ -70,7 +73,7 @@ struct GpuBatch {
           const int64_t k = rng.integer(0, 2);
           v = k == 0 ? INFINITY : (k == 1 ? -INFINITY : NAN);
         }
-        b.kv[static_cast<size_t>(t * b.width() + c)] = v;
+        b.kv[static_cast<size_t>(t * b.kv_stride() + c)] = v;
       }
     b.pos.assign(static_cast<size_t>(b.N), 0);
     b.ring_slots.assign(static_cast<size_t>(b.N), -1);
@@ -162,7 +165,8 @@ inline CompressArgs compress_args(GpuBatch& b, GpuBatchDev* d, bool with_latent 
   };
   CompressArgs a;
   a.ratio = b.s.ratio;
-  a.kv_score = V(b.kv.data(), d ? d->kv.data() : nullptr, DType::F32, {b.rows, b.width()});
+  a.kv_score = TensorView::strided(d ? static_cast<void*>(d->kv.data()) : b.kv.data(), DType::F32,
+                                   {b.rows, b.width()}, {b.kv_stride(), 1}, dv);
   a.positions = V(b.pos.data(), d ? d->pos.data() : nullptr, DType::I64, {b.N});
   a.slot_mapping = b.s.ratio == 2
                        ? V(b.ring_slots.data(), d ? d->ring_slots.data() : nullptr, DType::I64, {b.N})

@@ -152,6 +152,31 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
         }
 }
 
+// kv_score rows further apart than their width (a view into a wider projection output; the
+// extra floats hold NaN, so a record or latent built from them would differ): the decode kernel
+// and both chunk sizes of the streaming kernel (the chunk-8 ratio-1 kernel copies its rows with
+// TMA through a tensor map that carries this stride), for both ratios and every record, equal to
+// the CPU byte for byte.
+TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
+  struct Restore {
+    ~Restore() { detail::cuda::set_stream_chunk_override(0); }
+  } restore;
+  for (int ratio : {1, 2})
+    for (RecordFormat f : kFormats) {
+      GpuBatchSpec dec = shapes(ratio)[0];
+      dec.format = f;
+      dec.kv_row_extra = 48;
+      EXPECT_TRUE(fused_matches_cpu(dec, "kv row stride +48"));
+      for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall}) {
+        detail::cuda::set_stream_chunk_override(chunk);
+        GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
+        s.format = f;
+        s.kv_row_extra = 16;
+        EXPECT_TRUE(fused_matches_cpu(s, "kv row stride +16, chunk " + std::to_string(chunk)));
+      }
+    }
+}
+
 // The ratio-1 streaming grid with head and tail parts (stream_split_r1: here parts of 0.05 and
 // 0.02 waves, i.e. 184 and 73 warps on an H200, so the grid has every kind of segment; the
 // test's batches are too small for the library's own shape, so the override sets one) writes
