@@ -681,63 +681,26 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     };
 
     const int nn = static_cast<int>(n);
-    if constexpr (kRowsTma<R, C>) {
-      // Rows (TMA, tma_row) and RoPE entries (cp.async, one commit group per program) of program
-      // j into ring slot j % (ahead + 1), kRowsAhead programs ahead, as below; program i's row is
-      // waited for on its slot's barrier (its copy was issued: same t).
+    if constexpr (R == 1) {
+      // Rows and RoPE entries of program j copied into ring slot j % (ahead + 1), kRowsAhead
+      // programs ahead: 6 KiB per warp in flight without holding registers; the RoPE entries by
+      // cp.async, one commit group per program. The row (when the program has a token):
+      //  - kRowsTma: one TMA tensor copy (tma_row) into the swizzled ring (RowSwizzled), waited
+      //    for on its slot's barrier (its copy was issued: same t);
+      //  - otherwise: cp.async per lane (dims 4*lane + 128*k) into the padded load layout (dim d
+      //    at pooled_index(d)), in the same commit group as the RoPE entries (PooledSmem).
+      // Either way the row is what process_warp reads. Slots are tracked by two rotating counters
+      // and addressed through 32-bit shared addresses computed once.
+      constexpr bool kTma = kRowsTma<R, C>;
+      constexpr uint32_t kRowBytes = kTma ? kRowTmaBytes : kPooledFloats * 4;
       constexpr int kSlots = kRowsAhead + 1;
+      const uint64_t row_policy = !kTma && kRowsEvictFirst<C> ? l2_policy_evict_first() : 0;
       auto copy = [&](int j, int slot) {
         const int64_t tj = shfl64(role_t, j);
-        const uint32_t us = static_cast<uint32_t>(slot);
-        if (tj >= 0) tma_row(rows_sa + us * kRowTmaBytes, &kv_map, p, tj, rows_sa + kRowBarsOffset + 8u * us, lane);
-        copy_rope(j, slot);
-        cp_async_commit();
-      };
-  #pragma unroll
-      for (int j = 0; j < kRowsAhead; ++j) {
-        if (j < nn) copy(j, j);
-        else cp_async_commit();
-      }
-      int s_use = 0, s_fill = kRowsAhead;
-      for (int i = 0; i < nn; ++i) {
-        // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
-        // process_warp
-        if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
-        else cp_async_commit();
-        cp_async_wait<kRowsAhead>();  // this lane's RoPE copies of program i have landed
-        __syncwarp();                  // ... and every lane's, visible to the warp
-        const int64_t t = shfl64(role_t, i);
-        const uint32_t us = static_cast<uint32_t>(s_use);
-        if (t >= 0) {
-          row_barrier_wait(rows_sa + kRowBarsOffset + 8u * us, (row_parity >> us) & 1u);
-          row_parity ^= 1u << us;
-        }
-        const int64_t pg = shfl64(role_page, i);
-        const int64_t ir = shfl64(role_r, i);
-        float rc = 0.0f, rsn = 0.0f;
-        if constexpr (F != kNoRecord) {
-          if (pg >= 0) read_rope(s_use, rc, rsn);
-        }
-        if (t >= 0)
-          process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowTmaBytes}, lane, wb, wrope);
-        s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
-        s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
-      }
-      continue;  // the next chunk (every slot read above ended before its __syncwarp)
-    } else if constexpr (R == 1) {
-      // Rows and RoPE entries of program j copied (cp.async) into ring slot j % (ahead + 1),
-      // kRowsAhead programs ahead: 6 KiB per warp in flight without holding registers. The row
-      // lands in the padded load layout (dim d at pooled_index(d)), which is what process_warp
-      // reads. Slots are tracked by two rotating counters and addressed through 32-bit shared
-      // addresses computed once (PooledSmem).
-      constexpr uint32_t kRowBytes = kPooledFloats * 4;
-      constexpr int kSlots = kRowsAhead + 1;
-      const uint64_t row_policy = kRowsEvictFirst<C> ? l2_policy_evict_first() : 0;
-      // program j's row (when it has a token; lane: dims 4*lane + 128*k) and RoPE entries, one
-      // commit group
-      auto copy = [&](int j, int slot) {
-        const int64_t tj = shfl64(role_t, j);
-        if (tj >= 0) {
+        if constexpr (kTma) {
+          const uint32_t us = static_cast<uint32_t>(slot);
+          if (tj >= 0) tma_row(rows_sa + us * kRowBytes, &kv_map, p, tj, rows_sa + kRowBarsOffset + 8u * us, lane);
+        } else if (tj >= 0) {
           const float* src = (p.kv + tj * p.kv_stride) + 4 * lane;
           const uint32_t dst = row_dst_lane + static_cast<uint32_t>(slot) * kRowBytes;
   #pragma unroll
@@ -762,15 +725,23 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
         cp_async_wait<kRowsAhead>();  // this lane's copies of program i have landed
         __syncwarp();                  // ... and every lane's, visible to the warp
         const int64_t t = shfl64(role_t, i);
+        const uint32_t us = static_cast<uint32_t>(s_use);
+        if constexpr (kTma) {
+          if (t >= 0) {
+            row_barrier_wait(rows_sa + kRowBarsOffset + 8u * us, (row_parity >> us) & 1u);
+            row_parity ^= 1u << us;
+          }
+        }
         const int64_t pg = shfl64(role_page, i);
         const int64_t ir = shfl64(role_r, i);
         float rc = 0.0f, rsn = 0.0f;
         if constexpr (F != kNoRecord) {
           if (pg >= 0) read_rope(s_use, rc, rsn);
         }
-        if (t >= 0)
-          process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + static_cast<uint32_t>(s_use) * kRowBytes},
-                          lane, wb, wrope);
+        if (t >= 0) {
+          if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope);
+          else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope);
+        }
         s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
         s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
       }
