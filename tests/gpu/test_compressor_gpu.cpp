@@ -132,9 +132,10 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
 }
 
 // Both chunk sizes of the streaming kernel (the host picks 8 programs only for grids of many
-// waves, which the test shapes are not; 16 reads the rows evict-first, kRowsEvictFirst) on the
-// same inputs, for both ratios and every record, ratio 2 with the tail policy and PCP, with and
-// without the latent output: each equal to the CPU byte for byte.
+// waves, which the test shapes are not; 8 reads the ratio-1 rows with TMA into a swizzled ring,
+// 16 with cp.async and the evict-first policy, kRowsEvictFirst) on the same inputs, for both
+// ratios and every record, ratio 2 with the tail policy and PCP, with and without the latent
+// output, and compress alone: each equal to the CPU byte for byte.
 TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   struct Restore {
     ~Restore() { detail::cuda::set_stream_chunk_override(0); }
@@ -150,6 +151,17 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
           s.pcp = pcp;
           EXPECT_TRUE(fused_matches_cpu(s, "chunk " + std::to_string(chunk)));
         }
+  // compress alone (no record: its own kernel instantiation, the one the separate path and
+  // every compress call of a large batch launch)
+  for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
+    for (int ratio : {1, 2}) {
+      detail::cuda::set_stream_chunk_override(chunk);
+      GpuBatch b = GpuBatch::make(shapes(ratio)[2], rng());
+      GpuBatchDev d(b);
+      compress(compress_args(b, nullptr));
+      compress(compress_args(b, &d));
+      EXPECT_TRUE(outputs_equal(b, d, "compress chunk " + std::to_string(chunk) + " " + name_of(b.s)));
+    }
 }
 
 // kv_score rows further apart than their width (a view into a wider projection output; the
