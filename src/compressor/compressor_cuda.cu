@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
-#include <stdexcept>
 #include <string>
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
@@ -49,9 +48,12 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
     const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr)
-      throw std::runtime_error(std::string("CUDA driver entry point cuTensorMapEncodeTiled not found (") +
-                               cudaGetErrorString(e) + ", query result " + std::to_string(static_cast<int>(q)) + ")");
+    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr) {
+      (void)cudaGetLastError();
+      fail(ErrorCode::kCuda, std::string("CUDA driver entry point cuTensorMapEncodeTiled not found (") +
+                                 cudaGetErrorString(e) + ", query result " + std::to_string(static_cast<int>(q)) +
+                                 "): the driver is older than CUDA 12.0's");
+    }
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
   }();
   return fn;
@@ -68,8 +70,9 @@ CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride
                                           box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    throw std::runtime_error("cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
-                             ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) + " floats)");
+    fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
+                               ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) +
+                               " floats)");
   return m;
 }
 namespace {

@@ -1151,8 +1151,12 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     blocks = sp.blocks;
     for (int k = 0; k < kStreamSegs; ++k) q.seg[k] = sp.seg[k];
   }
+  // the kv rows' tensor map (kRowsTma; devices before sm_90 run the kernel's synchronous
+  // fallback copy, which does not read it: tensor maps need compute capability 9.0)
   CUtensorMap kv_map{};
-  if constexpr (kRowsTma<R, C>) kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride);
+  if constexpr (kRowsTma<R, C>) {
+    if (device_is_sm90_or_newer()) kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride);
+  }
   launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
                 pdl, q, kv_map);
 }

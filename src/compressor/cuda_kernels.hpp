@@ -237,7 +237,8 @@ void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bo
 // 128-byte swizzle (RowSwizzled in cuda_compress.cuh). Encoded on the host (the driver's
 // cuTensorMapEncodeTiled, through the runtime's entry-point query: no libcuda link), no device
 // work; passed by value as a kernel parameter, so graph capture records it with the launch.
-// Throws std::runtime_error when the driver refuses (not expected for validated arguments).
+// Error(kCuda) when the driver refuses (not expected for validated arguments). Only for devices
+// of compute capability >= 9.0 (the launcher passes an unused zero map elsewhere).
 CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride);
 
 // RoPE + quantized insert of latent rows (SPEC 5.1).

@@ -83,6 +83,9 @@ namespace dsv41kv::detail {
 // older architectures (DSV41KV_CUDA_ARCHS) launches plainly on an older device, as FlashInfer's
 // device_support_pdl decides.
 bool device_supports_pdl();
+// The current device has compute capability >= 9.0: tensor maps and TMA copies (the same test
+// as device_supports_pdl).
+inline bool device_is_sm90_or_newer() { return device_supports_pdl(); }
 
 // Launches `kernel` on `stream` (errors: Error(kCuda)); pdl = true adds programmatic stream
 // serialization where the device supports it (see pdl_wait: the kernel must call it before
