@@ -60,6 +60,12 @@ std::vector<GpuBatchSpec> shapes(int ratio) {
   return v;
 }
 
+// Puts the streaming kernel's chunk size back to the library's choice when a test that forced
+// one ends (also on a failed assertion).
+struct StreamChunkReset {
+  ~StreamChunkReset() { detail::cuda::set_stream_chunk_override(0); }
+};
+
 class CompressorGpu : public GpuTest {
  protected:
   // One fused launch (compress + insert, the latent too except for NVFP4) on a fresh batch of
@@ -137,9 +143,7 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
 // ratios and every record, ratio 2 with the tail policy and PCP, with and without the latent
 // output, and compress alone: each equal to the CPU byte for byte.
 TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
-  struct Restore {
-    ~Restore() { detail::cuda::set_stream_chunk_override(0); }
-  } restore;
+  const StreamChunkReset reset;
   for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
     for (int ratio : {1, 2})
       for (RecordFormat f : kFormats)
@@ -170,9 +174,7 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
 // TMA through a tensor map that carries this stride), for both ratios and every record, equal to
 // the CPU byte for byte.
 TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
-  struct Restore {
-    ~Restore() { detail::cuda::set_stream_chunk_override(0); }
-  } restore;
+  const StreamChunkReset reset;
   for (int ratio : {1, 2})
     for (RecordFormat f : kFormats) {
       GpuBatchSpec dec = shapes(ratio)[0];
@@ -194,12 +196,10 @@ TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
 // test's batches are too small for the library's own shape, so the override sets one) writes
 // what the CPU writes, for every record and part chunk.
 TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
-  struct Restore {
-    ~Restore() {
-      detail::cuda::set_stream_chunk_override(0);
-      detail::cuda::set_stream_taper_override({});
-    }
-  } restore;
+  const StreamChunkReset reset;
+  struct TaperReset {
+    ~TaperReset() { detail::cuda::set_stream_taper_override({}); }
+  } taper_reset;
   detail::cuda::set_stream_chunk_override(detail::cuda::kChunkLarge);
   for (int chunk : {1, 3, detail::cuda::kChunkLarge - 1})
     for (RecordFormat f : kFormats) {
