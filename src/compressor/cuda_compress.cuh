@@ -207,6 +207,9 @@ struct PooledSmem {
 // line per instruction; the writer reads (lane l: dims 16l + 4c .. +3, 16-byte) of the eight
 // lanes of a quarter warp fall in eight distinct units: lanes 2m and 2m + 1 read line m, units
 // c ^ (m % 8) and (4 + c) ^ (m % 8). Every lane still receives its own dims in its own order.
+// Each reader is row_swizzled_offset (below) worked out for its access; calling that function
+// instead gives the same addresses but other generated code than the build measured in session
+// 12, so the change waits for a device A/B.
 struct RowSwizzled {
   static constexpr bool kSwizzled = true;
   uint32_t a;  // shared-window address of the slot (1024-byte aligned)
@@ -232,7 +235,8 @@ struct RowSwizzled {
     return v;
   }
 };
-// Byte offset of byte o of a row in the RowSwizzled layout (the pre-sm_90 fallback copy).
+// Byte offset of byte o of a row in the RowSwizzled layout (the pre-sm_90 fallback copy; the
+// readers above use it worked out per access).
 __host__ __device__ constexpr uint32_t row_swizzled_offset(uint32_t o) { return o ^ (((o >> 7) & 7u) << 4); }
 static_assert(row_swizzled_offset(0) == 0 && row_swizzled_offset(128) == 144 && row_swizzled_offset(1024 + 7 * 128 + 112) == 1024 + 7 * 128);
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
