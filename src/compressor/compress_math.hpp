@@ -37,7 +37,15 @@ DSV41KV_HD float reduce32(float* part) {
 // rs = 1 / sqrt(sum/512 + eps), IEEE sqrt and division.
 DSV41KV_HD float rms_inverse(float sum, float eps) {
   const float var = num::mul_rn(sum, 1.0f / 512.0f);  // exact scaling by 2^-9
-  return num::div_rn(1.0f, num::sqrt_rn(num::add_rn(var, eps)));
+  const float r = num::sqrt_rn(num::add_rn(var, eps));
+#if defined(__CUDA_ARCH__)
+  // the correctly rounded reciprocal: the same value as div_rn(1, r) for every r (both are
+  // RN(1 / r); checked for every float by FastMathGpu.ReciprocalEqualsDivision), without the
+  // general division's extra steps
+  return __frcp_rn(r);
+#else
+  return num::div_rn(1.0f, r);
+#endif
 }
 
 // latent[d] = bf16((pooled[d] * rs) * w[d])

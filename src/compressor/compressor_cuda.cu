@@ -41,6 +41,15 @@ void set_stream_chunk_override(int programs) {
   g_stream_chunk.store(programs);
 }
 int stream_chunk_override() { return g_stream_chunk.load(std::memory_order_relaxed); }
+namespace {
+std::atomic<int> g_stream_rows{0};
+}  // namespace
+void set_stream_rows_override(int mode) {
+  if (mode < 0 || mode > 2)
+    invalid_argument("stream rows override: " + std::to_string(mode) + ", expected 0, 1 or 2");
+  g_stream_rows.store(mode);
+}
+int stream_rows_override() { return g_stream_rows.load(std::memory_order_relaxed); }
 
 namespace {
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -60,19 +69,34 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 }  // namespace
 
-CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride) {
+CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride, bool swizzle) {
   CUtensorMap m{};
   const cuuint64_t dim[3] = {32, 16, static_cast<cuuint64_t>(rows)};
   const cuuint64_t stride[2] = {128, static_cast<cuuint64_t>(row_stride) * sizeof(float)};  // bytes, dims 1 and 2
   const cuuint32_t box[3] = {32, 16, 1};
   const cuuint32_t elem_stride[3] = {1, 1, 1};
   const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(kv), dim, stride,
-                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
                                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
                                ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) +
                                " floats)");
+  return m;
+}
+CUtensorMap rope_table_tensor_map(const float* table, int64_t rows) {
+  CUtensorMap m{};
+  const cuuint64_t dim[2] = {static_cast<cuuint64_t>(kRopeDim), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t stride[1] = {kRopeDim * sizeof(float)};  // bytes, dim 1
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kRopeDim), 1};
+  const cuuint32_t elem_stride[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(table), dim, stride,
+                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the RoPE table (CUresult " +
+                               std::to_string(static_cast<int>(r)) + ", rows " + std::to_string(rows) + ")");
   return m;
 }
 namespace {

@@ -453,6 +453,25 @@ __device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t
              (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
   }
 }
+// The hardware conversion alone (NaN -> 0x7FFF, every other value as num::bf16_encode), and the
+// fix-up that makes such words equal to bf16_encode_packed's (a no-op unless a value is NaN).
+template <int E>
+__device__ __forceinline__ void bf16_encode_packed_hw(const float (&v)[E], uint32_t (&w)[E / 2]) {
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) w[i] = bf16x2_rn_hw(v[2 * i], v[2 * i + 1]);
+}
+template <int E>
+__device__ __forceinline__ void bf16_fix_nan(const float (&v)[E], uint32_t (&w)[E / 2]) {
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i) ok = ok && bf16_hw_ok2(v[2 * i], v[2 * i + 1]);
+  if (!ok) {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i)
+      w[i] = static_cast<uint32_t>(num::bf16_encode(v[2 * i])) |
+             (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
+  }
+}
 // The floats of packed bf16 words (num::bf16_decode of each half).
 template <int E>
 __device__ __forceinline__ void bf16_decode_packed(const uint32_t (&w)[E / 2], float (&x)[E]) {
@@ -650,18 +669,50 @@ DSV41KV_HD void e2m1_thresholds_bf16x2(uint8_t sb, uint32_t (&T2)[7]) {
 #endif
 }
 
+// e2m1 codes of two finite fp32 values a (low half) and b (high half), as e2m1_codes_bf16x2 does
+// for bf16 values: the thresholds T2 are exact in bf16, so for a non-negative fp32 x,
+// x >= T  <=>  down(x) >= T  and  x > T  <=>  up(x) > T, with down / up the bf16 values next to x
+// below and above (T is itself one of the bf16 values, and both roundings are monotone): the two
+// >= decisions compare |x| truncated to bf16, the > decision |x| rounded up (bits + 0xFFFF, then
+// the high half; finite x, so at most +Inf). The same decisions as e2m1_quotient_code in fp32.
+DSV41KV_HD uint32_t e2m1_codes_f32x2(float a, float b, const uint32_t (&T2)[7]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t ua = num::f2u(a), ub = num::f2u(b);
+  const uint32_t hi = __byte_perm(ua, ub, 0x7632);  // sign and truncated |x| of both
+  const uint32_t dn = hi & 0x7FFF7FFFu;
+  const uint32_t up = __byte_perm((ua & 0x7FFFFFFFu) + 0xFFFFu, (ub & 0x7FFFFFFFu) + 0xFFFFu, 0x7632);
+  uint32_t m2, m1, m0;
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(dn), "r"(T2[3]));
+  const uint32_t t1 = (m2 & T2[5]) | (~m2 & T2[1]);
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(dn), "r"(t1));
+  const uint32_t tl = (m2 & T2[4]) | (~m2 & T2[0]);
+  const uint32_t th = (m2 & T2[6]) | (~m2 & T2[2]);
+  const uint32_t t0 = (m1 & th) | (~m1 & tl);
+  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(up), "r"(t0));
+  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((hi >> 12) & 0x00080008u);
+#else
+  float thr[7];
+#pragma unroll
+  for (int k = 0; k < 7; ++k) thr[k] = num::u2f(T2[k] << 16);
+  return static_cast<uint32_t>(e2m1_quotient_code(a, thr)) |
+         (static_cast<uint32_t>(e2m1_quotient_code(b, thr)) << 16);
+#endif
+}
+
 // Eight e2m1 codes in record order from four e2m1_codes_bf16x2 results c[b] (code of value 2b in
 // bits 0-3, of value 2b+1 in bits 16-19): byte b = code(2b) | code(2b+1) << 4. Two pairs share
 // one word (c[0] | c[1] << 8: codes at nibbles 0, 2, 4, 6), the high codes move down next to the
 // low ones (x | x >> 12), and one byte permutation joins the two halves: 7 instructions for 8
 // values instead of 4 per pair.
-DSV41KV_HD uint32_t e2m1_pack8(const uint32_t (&c)[4]) {
+// `sel`: the final byte permutation; 0x1054 instead of 0x5410 puts the second four values' codes
+// in the low half (the rotated writer reads of RowRotated).
+DSV41KV_HD uint32_t e2m1_pack8(const uint32_t (&c)[4], uint32_t sel = 0x5410u) {
   const uint32_t x01 = c[0] | (c[1] << 8), x23 = c[2] | (c[3] << 8);
   const uint32_t y01 = x01 | (x01 >> 12), y23 = x23 | (x23 >> 12);
 #if defined(__CUDA_ARCH__)
-  return __byte_perm(y01, y23, 0x5410);
+  return __byte_perm(y01, y23, sel);
 #else
-  return (y01 & 0xFFFFu) | (y23 << 16);
+  return sel == 0x5410u ? (y01 & 0xFFFFu) | (y23 << 16) : (y23 & 0xFFFFu) | (y01 << 16);
 #endif
 }
 
@@ -790,11 +841,19 @@ __device__ __forceinline__ void write_v4_warp(const CacheDst& c, int64_t page, i
 // per lane and then ran 16 scalar e2m1 decisions each while the other lanes ran theirs: the same
 // scale and the same decisions per element (nv_tile_scale, e2m1_quotient_code), so the same bytes.
 // All 32 lanes must call it (shuffles).
-__device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, int64_t r, int lane,
-                                              const uint32_t (&lw)[8], float q0, float q1) {
-  uint8_t* pg = c.base + page * c.page_stride_bytes;
-  uint8_t* val = pg + Nvfp4Layout::value_offset(c.S, r);
-  uint8_t* sc = pg + Nvfp4Layout::scale_offset(c.S, r);
+// write_nv_warp_at: the same with the record's value and scale addresses already computed.
+// rot: the lane's rotation r of its four 4-value chunks (RowRotated: lw[2c], lw[2c+1] hold dims
+// 16 lane + 4 (c ^ r) .. + 3), given as the pack selector of r & 1 (e2m1_pack8) and r & 2; 0 for
+// dims in order.
+struct NvRot {
+  uint32_t sel = 0x5410u;  // e2m1_pack8 selector: 0x1054 when r & 1
+  bool swap = false;       // r & 2: the two code words change places
+};
+// kAligned8: `val` is 8-byte aligned (the caller checked the cache's base and page stride), so
+// the code words go out as one 8-byte store without store_words' alignment branches.
+template <bool kAligned8 = false>
+__device__ __forceinline__ void write_nv_warp_at(uint8_t* val, uint8_t* sc, int lane, const uint32_t (&lw)[8],
+                                                 float q0, float q1, NvRot rot = {}) {
   if (lane < kNopeDim / 16) {
     // tile amax from the packed bf16 words: |v| bits of a bf16 value are its fp32 |v| bits >> 16
     uint32_t m = 0;
@@ -812,10 +871,16 @@ __device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, i
         uint32_t cc[4];
 #pragma unroll
         for (int b = 0; b < 4; ++b) cc[b] = e2m1_codes_bf16x2(lw[4 * k + b], T2);
-        out[k] = e2m1_pack8(cc);
+        out[k] = e2m1_pack8(cc, rot.sel);
       }
     }
-    store_words<2>(val + 8 * lane, out);
+    if (rot.swap) {
+      const uint32_t o0 = out[0];
+      out[0] = out[1];
+      out[1] = o0;
+    }
+    if constexpr (kAligned8) *reinterpret_cast<uint2*>(val + 8 * lane) = make_uint2(out[0], out[1]);
+    else store_words<2>(val + 8 * lane, out);
     sc[lane] = sb;
   }
   // RoPE tiles: pair `lane` of tile 28 + lane/8
@@ -823,12 +888,21 @@ __device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, i
   uint32_t byte = 0;
   uint8_t sb = 0x7F;
   if (bits_finite(mb)) {
-    float thr[7];
-    sb = nv_tile_scale(num::u2f(mb), thr);
-    byte = e2m1_quotient_code(q0, thr) | (static_cast<uint32_t>(e2m1_quotient_code(q1, thr)) << 4);
+    // both values' decisions in bf16x2 (e2m1_codes_f32x2) rather than two scalar ones
+    sb = nv_tile_scale_byte(num::u2f(mb));
+    uint32_t T2[7];
+    e2m1_thresholds_bf16x2(sb, T2);
+    const uint32_t c = e2m1_codes_f32x2(q0, q1, T2);
+    byte = (c | (c >> 12)) & 0xFFu;
   }
   val[kNopeDim / 2 + lane] = static_cast<uint8_t>(byte);
   if (lane % 8 == 0) sc[kNopeDim / 16 + lane / 8] = sb;
+}
+__device__ __forceinline__ void write_nv_warp(const CacheDst& c, int64_t page, int64_t r, int lane,
+                                              const uint32_t (&lw)[8], float q0, float q1) {
+  uint8_t* pg = c.base + page * c.page_stride_bytes;
+  write_nv_warp_at(pg + Nvfp4Layout::value_offset(c.S, r), pg + Nvfp4Layout::scale_offset(c.S, r), lane, lw, q0,
+                   q1);
 }
 
 template <int F, int E>

@@ -171,6 +171,7 @@ __device__ __forceinline__ void pool_warp(const CompressParams& p, PairRows& b, 
 //    nvcc rebuilt it from the CTA's shared window (S2R SR_CgaCtaId, LEA, IMADs) in every program.
 struct PooledPtr {
   static constexpr bool kSwizzled = false;  // dim d at pooled_index(d)
+  static constexpr bool kRotated = false;
   const float* p;
   __device__ __forceinline__ float f32(unsigned off) const { return p[off]; }
   __device__ __forceinline__ float2 f32x2(unsigned off) const {
@@ -180,6 +181,7 @@ struct PooledPtr {
 };
 struct PooledSmem {
   static constexpr bool kSwizzled = false;  // dim d at pooled_index(d)
+  static constexpr bool kRotated = false;
   uint32_t a;  // shared-window address of float 0
   __device__ __forceinline__ float f32(unsigned off) const {
     float v;
@@ -211,7 +213,8 @@ struct PooledSmem {
 // instead gives the same addresses but other generated code than the build measured in session
 // 12, so the change waits for a device A/B.
 struct RowSwizzled {
-  static constexpr bool kSwizzled = true;
+  static constexpr bool kSwizzled = true;  // its own readers (below)
+  static constexpr bool kRotated = false;
   uint32_t a;  // shared-window address of the slot (1024-byte aligned)
   __device__ __forceinline__ float rms(unsigned ul, int i) const {  // dim ul + 32 i
     float v;
@@ -235,6 +238,49 @@ struct RowSwizzled {
     return v;
   }
 };
+// A ratio-1 kv row as a TMA copy without swizzle lands it (unpadded, 128-byte aligned slot), read
+// conflict-free by rotating the writer reads instead: lane l reads its four 16-byte chunks
+// (dims 16l + 4c .. + 3) in the order c ^ r, r = (l >> 1) & 3, so the eight lanes of a quarter
+// warp (lanes 2m, 2m + 1 at line offsets 0 and 64, m = 0..3) read eight distinct 16-byte units.
+// The reader returns chunk c ^ r at position c; the caller keeps the lane's weights, latent words
+// and record words in that order (kRotated: the weights laid out rotated in shared memory once
+// per block, `weights`; the latent stored chunk by chunk at its dims; the NVFP4 code words put
+// back in order with NvRot). The RMS reads (one line per instruction) and the RoPE pair need no
+// rotation.
+struct RowRotated {
+  static constexpr bool kSwizzled = true;  // its own readers (below)
+  static constexpr bool kRotated = true;
+  uint32_t a;   // shared-window address of the slot (128-byte aligned)
+  uint32_t rx;  // 16 r: the byte offset of chunk r in the lane's 64 bytes
+  uint32_t wl;  // the lane's 16 norm weights as fp32 in shared memory, in the rotated order
+                // (kernel start: chunk c ^ r at wl + 16 c; 80 bytes per lane, conflict-free)
+  __device__ __forceinline__ float4 weights(int c) const {  // dims 16 ul + 4 (c ^ r) .. + 3
+    float4 v;
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(wl + 16u * c));
+    return v;
+  }
+  __device__ __forceinline__ float rms(unsigned ul, int i) const {  // dim ul + 32 i
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(a + 4u * ul + 128u * i));
+    return v;
+  }
+  __device__ __forceinline__ float4 chunk(unsigned ul, int c) const {  // dims 16 ul + 4 (c ^ r) .. + 3
+    float4 v;
+    const uint32_t o = ((a + 64u * ul) | rx) ^ (16u * c);  // a + 64 ul is 64-byte aligned
+    asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(o));
+    return v;
+  }
+  __device__ __forceinline__ float2 rope_pair(unsigned ul) const {  // dims 448 + 2 ul, + 1
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a + 4u * kNopeDim + 8u * ul));
+    return v;
+  }
+  __device__ __forceinline__ unsigned r() const { return rx >> 4; }
+};
 // Byte offset of byte o of a row in the RowSwizzled layout (the pre-sm_90 fallback copy; the
 // readers above use it worked out per access).
 __host__ __device__ constexpr uint32_t row_swizzled_offset(uint32_t o) { return o ^ (((o >> 7) & 7u) << 4); }
@@ -243,15 +289,29 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// Where process_warp's record goes: RecAt (page, row in page: the writers compute the byte
+// addresses) or, for NVFP4 in the ratio-1 streaming kernel, NvRecPtr (the value and scale
+// addresses, computed once per program in the chunk's metadata round instead of per program on
+// the whole warp: ~12 64-bit integer instructions per token less).
+struct RecAt {
+  static constexpr bool kPtr = false;
+};
+struct NvRecPtr {
+  static constexpr bool kPtr = true;
+  uint8_t* val;    // the record's 256 value bytes
+  int64_t sc_off;  // its 32 scale bytes at val + sc_off
+};
+
 // RMS (normative order) -> latent -> latent_out / record of one program on one warp, from the
 // pooled row in the warp's scratch `pooled` (ratio 2: written by pool_warp; ratio 1: the kv row
 // itself, copied there by cp.async), padded layout. Every read of the scratch ends before a
 // __syncwarp, so the next program may overwrite it.
 // rc, rsn: the RoPE table entries (cos, sin) of pair `lane` of the insert (ipage >= 0).
-template <int F, class Pooled>
+template <int F, class Pooled, class Rec = RecAt>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
                                              int64_t ir, float rc, float rsn, Pooled pooled, int lane,
-                                             const uint32_t (&wpk)[8], uint32_t wrope) {
+                                             const uint32_t (&wpk)[8], uint32_t wrope, Rec rec = {}) {
+  static_assert(!Pooled::kRotated || F == kNv, "rotated rows: only the NVFP4 writer keeps the rotated order");
   // padded shared-memory addresses (pooled_index) as a per-lane base + constant offsets:
   //   RMS          d = lane + 32*i    : lane + 36*i
   //   writer       d = 16*lane + 4*c  : 16*lane + 4*(lane/2) + 4*c
@@ -272,10 +332,20 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
     else v = pooled.f32(pr + 36u * i);
     part = num::fma_rn(v, v, part);
   }
+  float sum;
+  if constexpr (Pooled::kRotated) {
+    // the same tree as a butterfly: lanes l and l ^ h add the same two values (in either order:
+    // IEEE addition is commutative, and a NaN sum is the canonical NaN either way), so after each
+    // level they hold the same value and every lane ends with lane 0's sum, without the broadcast
 #pragma unroll
-  for (int h = 16; h >= 1; h >>= 1)
-    part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
-  const float sum = __shfl_sync(0xFFFFFFFFu, part, 0);
+    for (int h = 16; h >= 1; h >>= 1) part = num::add_rn(part, __shfl_xor_sync(0xFFFFFFFFu, part, h));
+    sum = part;
+  } else {
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1)
+      part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
+    sum = __shfl_sync(0xFFFFFFFFu, part, 0);
+  }
   const float rs = cmath::rms_inverse(sum, p.eps);
   // 4. latent, writer layout: lane owns dims [16*lane, 16*lane + 16)
   const int d0 = 16 * lane;
@@ -299,17 +369,44 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
   __syncwarp();  // every read of `pooled` done: the next program may overwrite it
   // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
   float f[16];
+  if constexpr (Pooled::kRotated) {  // the weights as fp32 from shared memory (RowRotated::weights)
 #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const float wi = num::u2f(i % 2 == 0 ? (wpk[i / 2] << 16) : (wpk[i / 2] & 0xFFFF0000u));
-    f[i] = num::mul_rn(num::mul_rn(pw[i], rs), wi);
+    for (int c = 0; c < 4; ++c) {
+      const float4 wv = pooled.weights(c);
+      f[4 * c] = num::mul_rn(num::mul_rn(pw[4 * c], rs), wv.x);
+      f[4 * c + 1] = num::mul_rn(num::mul_rn(pw[4 * c + 1], rs), wv.y);
+      f[4 * c + 2] = num::mul_rn(num::mul_rn(pw[4 * c + 2], rs), wv.z);
+      f[4 * c + 3] = num::mul_rn(num::mul_rn(pw[4 * c + 3], rs), wv.w);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float wi = num::u2f(i % 2 == 0 ? (wpk[i / 2] << 16) : (wpk[i / 2] & 0xFFFF0000u));
+      f[i] = num::mul_rn(num::mul_rn(pw[i], rs), wi);
+    }
   }
+  // NVFP4 takes the hardware conversion alone (no NaN check): a NaN there becomes 0x7FFF instead
+  // of num::bf16_encode's pattern, but the record treats every NaN alike (its tile is poisoned,
+  // SPEC 2.6: the amax bits of either pattern are >= 0x7F80 0000); the latent output gets the
+  // exact patterns (bf16_fix_nan below). The other records store bf16 values or keep x.
   uint32_t lw[8];
-  bf16_encode_packed<16>(f, lw);
+  if constexpr (F == kNv) bf16_encode_packed_hw<16>(f, lw);
+  else bf16_encode_packed<16>(f, lw);
   float x[16];
   bf16_decode_packed<16>(lw, x);
-  if (p.latent != nullptr)
-    store_words<8>(reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0), lw);
+  if (p.latent != nullptr) {
+    if constexpr (F == kNv) bf16_fix_nan<16>(f, lw);
+    uint8_t* lat = reinterpret_cast<uint8_t*>(p.latent + t * kLatentDim + d0);
+    if constexpr (Pooled::kRotated) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint32_t lwc[2] = {lw[2 * c], lw[2 * c + 1]};
+        store_words<2>(lat + 8 * (c ^ pooled.r()), lwc);
+      }
+    } else {
+      store_words<8>(lat, lw);
+    }
+  }
   if constexpr (F != kNoRecord) {
     if (ipage >= 0) {  // insert into slot ipage * S + ir
       // the latent of the lane's RoPE pair, element-wise as the owning lane (28 + lane/8)
@@ -317,14 +414,21 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
       const float fr[2] = {num::mul_rn(num::mul_rn(pr2.x, rs), num::u2f(wrope << 16)),
                            num::mul_rn(num::mul_rn(pr2.y, rs), num::u2f(wrope & 0xFFFF0000u))};
       uint32_t lr[1];
-      bf16_encode_packed<2>(fr, lr);
+      if constexpr (F == kNv) bf16_encode_packed_hw<2>(fr, lr);  // (a NaN poisons the RoPE tile alike)
+      else bf16_encode_packed<2>(fr, lr);
       const float xr0 = num::u2f(lr[0] << 16), xr1 = num::u2f(lr[0] & 0xFFFF0000u);
       if constexpr (F == kV4) {
         write_v4_warp(p.cache, ipage, ir, lane, x, xr0, xr1, rc, rsn);
       } else if constexpr (F == kNv) {
         float q0, q1;
         num::rope_forward(xr0, xr1, rc, rsn, q0, q1);
-        write_nv_warp(p.cache, ipage, ir, lane, lw, q0, q1);
+        NvRot rot;
+        if constexpr (Pooled::kRotated) {
+          rot.sel = (pooled.rx & 16u) ? 0x1054u : 0x5410u;
+          rot.swap = (pooled.rx & 32u) != 0;
+        }
+        if constexpr (Rec::kPtr) write_nv_warp_at<Pooled::kRotated>(rec.val, rec.val + rec.sc_off, lane, lw, q0, q1, rot);
+        else write_nv_warp(p.cache, ipage, ir, lane, lw, q0, q1);
       } else {
         // y = x after RoPE: every lane rotates its pair, lanes 28-31 (dims 448 + 16*(lane-28)
         // + [0, 16) = pairs 8*(lane-28) + [0, 8)) collect theirs with shuffles
@@ -432,6 +536,21 @@ __device__ __forceinline__ RowsTmaSmem* smem_rows_tma(int warp) {
   return &s[warp];
 }
 inline constexpr uint32_t kRowBarsOffset = (kRowsAhead + 1) * kLatentDim * 4;
+// Ratio 1, NVFP4, chunk 16 (kRowsTmaRot): rows without swizzle (RowRotated) and the RoPE table
+// entries of each program by TMA too, on the slot's barrier: no cp.async at all.
+struct alignas(128) RowsRopeTmaSmem {
+  float rows[kRowsAhead + 1][kLatentDim];
+  float rope[kRowsAhead + 1][kRopeDim];
+  uint64_t bars[kRowsAhead + 1];
+};
+template <int R>
+__device__ __forceinline__ RowsRopeTmaSmem* smem_rows_rope_tma(int warp) {
+  __shared__ RowsRopeTmaSmem s[4];
+  return &s[warp];
+}
+inline constexpr uint32_t kRopeSlotsOffset = (kRowsAhead + 1) * kLatentDim * 4;
+inline constexpr uint32_t kRowRopeBarsOffset = kRopeSlotsOffset + (kRowsAhead + 1) * kRopeDim * 4;
+static_assert(offsetof(RowsRopeTmaSmem, rope) == kRopeSlotsOffset && offsetof(RowsRopeTmaSmem, bars) == kRowRopeBarsOffset);
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
 // 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
 // eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older
@@ -498,10 +617,12 @@ __device__ __forceinline__ void cp_async16_row(uint32_t d, const float* gmem_src
 // cp.async.bulk: the swizzle needs the map, and compute-sanitizer racecheck reports every plain
 // bulk copy's shared writes as unsynchronised with the reads after the mbarrier wait ("invalid
 // async operation synchronization", a tool limitation, session 11), while a tensor copy's writes
-// are not attributed to a thread. The chunk-16 instantiation (small grids, ratio-1 NVFP4) keeps
-// the cp.async ring with its L2 evict-first row policy.
-template <int R, int C>
-inline constexpr bool kRowsTma = R == 1 && C == kChunkLarge;
+// are not attributed to a thread. The chunk-16 instantiations keep the cp.async ring with its L2
+// evict-first row policy, except ratio-1 NVFP4 on large grids (kRowsTmaRot below).
+// Row mechanisms of the ratio-1 streaming kernel (template parameter M): cp.async into the padded
+// ring (kRowsCp, also every ratio-2 kernel), TMA into the swizzled ring (kRowsTmaSwz, chunk 8),
+// TMA of rows and RoPE entries, rotated reads (kRowsTmaRot, NVFP4 chunk 16).
+inline constexpr int kRowsCp = 0, kRowsTmaSwz = 1, kRowsTmaRot = 2;
 inline constexpr uint32_t kRowTmaBytes = kLatentDim * 4;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ void row_barrier_init(uint32_t bar) {
@@ -537,6 +658,35 @@ __device__ __forceinline__ void row_barrier_wait(uint32_t bar, uint32_t parity) 
         : "memory");
   } while (done == 0);
 }
+// kRowsTmaRot: kv row t (>= 0) into the slot at `dst` and RoPE table row rrow (>= 0; the caller
+// passes row 0 for a program without an insert, whose entries it then does not read: a constant
+// byte count and no branch) into `rope_dst`, both counted by the slot's barrier; one lane chosen
+// by elect.sync issues. Every operand must be warp-uniform as the compiler sees it (the caller derives them from the warp
+// index broadcast from lane 0 and from shuffles with a uniform source lane), so that they live in
+// uniform registers: otherwise ptxas wraps each copy in a loop over the distinct operand values
+// of the active lanes (ELECT, R2UR, BRA.U.ANY). No proxy fence before the copy: the slot's
+// previous reads are generic loads that completed before the warp's __syncwarp (their values were
+// consumed), as in CUTLASS's TMA pipelines, where a consumer's release is an mbarrier arrive.
+// row_pol / rope_pol: the copies' L2 policies (createpolicy): rows evict-first, RoPE rows
+// evict-last, as the cp.async kernels have them (256K nvfp4 170.1-170.8 -> 167.3 us, session 13).
+__device__ __forceinline__ void tma_row_rope(uint32_t dst, uint32_t rope_dst, const CUtensorMap* kv_map,
+                                             const CUtensorMap* rope_map, int32_t t, int32_t rrow, uint32_t bar,
+                                             uint64_t row_pol, uint64_t rope_pol) {
+  constexpr uint32_t bytes = kRowTmaBytes + kRopeDim * 4u;
+  asm volatile(
+      "{ .reg .pred p;\n\t"
+      "elect.sync _|p, 0xffffffff;\n\t"
+      "@p mbarrier.arrive.expect_tx.shared.b64 _, [%2], %3;\n\t"
+      "@p cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%5, %5, %4}], [%2], %6;\n\t"
+      "}" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(kv_map)), "r"(bar), "n"(bytes), "r"(t), "r"(0), "l"(row_pol)
+      : "memory");
+  asm volatile(
+      "{ .reg .pred p;\n\t"
+      "elect.sync _|p, 0xffffffff;\n\t"
+      "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%4, %3}], [%2], %5;\n\t"
+      "}" ::"r"(rope_dst), "l"(reinterpret_cast<uint64_t>(rope_map)), "r"(bar), "r"(rrow), "r"(0), "l"(rope_pol)
+      : "memory");
+}
 #else
 // Builds for older architectures (no TMA; never launched on the sm_90 devices this path is for):
 // the warp copies the row synchronously into the same swizzled layout.
@@ -555,6 +705,10 @@ __device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap*, const 
   __syncwarp();  // ... and the row visible to the warp
 }
 __device__ __forceinline__ void row_barrier_wait(uint32_t, uint32_t) {}
+__device__ __forceinline__ void tma_row_rope(uint32_t, uint32_t, const CUtensorMap*, const CUtensorMap*, int32_t,
+                                             int32_t, uint32_t, uint64_t, uint64_t) {
+  // (never launched before sm_90: the launcher picks kRowsTmaRot on sm_90+ only)
+}
 #endif
 
 template <int R, int F>
@@ -573,27 +727,56 @@ __device__ __forceinline__ void request_program_warp(const CompressParams& p, in
 #ifndef DSV41KV_R1_NV_MIN_BLOCKS
 #define DSV41KV_R1_NV_MIN_BLOCKS 7
 #endif
-template <int R, int F>
+#ifndef DSV41KV_R1_NV_TMA_MIN_BLOCKS
+#define DSV41KV_R1_NV_TMA_MIN_BLOCKS 7
+#endif
+template <int R, int F, int M>
 inline constexpr int kStreamMinBlocks =
-    R == 2 ? 3 : (F == kNv ? DSV41KV_R1_NV_MIN_BLOCKS : DSV41KV_R1_MIN_BLOCKS);
+    R == 2 ? 3
+           : (M == kRowsTmaRot ? DSV41KV_R1_NV_TMA_MIN_BLOCKS
+                               : (F == kNv ? DSV41KV_R1_NV_MIN_BLOCKS : DSV41KV_R1_MIN_BLOCKS));
 
-// kv_map: the kv rows as a TMA tensor map (kv_rows_tensor_map) when kRowsTma<R, C>, else unused.
-template <int R, int F, int C>
-__global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
-    compress_stream_kernel(const CompressParams p, const __grid_constant__ CUtensorMap kv_map) {
+// M: the row mechanism (kRowsCp, kRowsTmaSwz, kRowsTmaRot).
+// kv_map: the kv rows as a TMA tensor map (kv_rows_tensor_map) when M != kRowsCp, else unused;
+// rope_map: the RoPE table (rope_table_tensor_map) when M == kRowsTmaRot, else unused.
+template <int R, int F, int C, int M>
+__global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
+    compress_stream_kernel(const CompressParams p, const __grid_constant__ CUtensorMap kv_map,
+                           const __grid_constant__ CUtensorMap rope_map) {
   static_assert(C <= 32);
+  static_assert(M == kRowsCp || R == 1);
+  static_assert(M != kRowsTmaRot || F == kNv);
   // RoPE table entries of the inserts, copied kRopeAhead programs ahead (cp.async): the table
   // row of a program is known only from its position, and a plain load issued at the start of
   // the program was still in flight when its RoPE needed it (ncu: a third of the stall samples
   // of the ratio-2 nvfp4 kernel on that one multiply)
   __shared__ __align__(16) float rope_sm[4][(R == 1 ? kRowsAhead : kRopeAhead) + 1][kRopeDim];
   pdl_wait();  // PDL: the previous kernel's writes first (no early trigger: large grids)
-  const int warp = static_cast<int>(threadIdx.x) / 32;
+  // (kRowsTmaRot: the warp index broadcast from lane 0, so that the compiler sees it and what
+  // derives from it (ring addresses, the chunk, the loop) as warp-uniform: tma_row_rope)
+  const int warp = M == kRowsTmaRot ? __shfl_sync(0xFFFFFFFFu, static_cast<int>(threadIdx.x) / 32, 0)
+                                    : static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + warp;
 
   uint32_t wb[8];  // the lane's 16 bf16 norm weights, packed (even dim in the low half)
-  {
+  // kRowsTmaRot: the lane's chunk rotation (RowRotated::rx)
+  const uint32_t rot_rx = 16u * ((static_cast<unsigned>(lane) >> 1) & 3u);
+  // (kRowsTmaRot: the block's weights as fp32 in shared memory instead, read per chunk by
+  // RowRotated::weights: 4 loads per token instead of 16 unpacks of packed words; lane l's 16
+  // at [l][0..15] in its rotated order: [l][4c + j] = dim 16 l + 4 (c ^ r_l) + j, rows of 20
+  // floats so that a quarter warp's 16-byte loads hit distinct banks)
+  __shared__ __align__(16) float w_sm[M == kRowsTmaRot ? 32 : 1][20];
+  uint32_t w_lane = 0;
+  if constexpr (M == kRowsTmaRot) {
+    for (int e = static_cast<int>(threadIdx.x); e < kLatentDim; e += 128) {
+      const int l = e / 16, c = (e / 4) % 4, j = e % 4;
+      const int d = 16 * l + 4 * (c ^ ((l >> 1) & 3)) + j;
+      w_sm[l][4 * c + j] = num::u2f(static_cast<uint32_t>(p.norm_w[d]) << 16);
+    }
+    __syncthreads();
+    w_lane = smem_address(w_sm[lane]);
+  } else {
     const uint4 u0 = *reinterpret_cast<const uint4*>(p.norm_w + 16 * lane);
     const uint4 u1 = *reinterpret_cast<const uint4*>(p.norm_w + 16 * lane + 8);
     wb[0] = u0.x; wb[1] = u0.y; wb[2] = u0.z; wb[3] = u0.w;
@@ -629,7 +812,12 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
   // (kRowsTma: the slots' barriers too, at rows_sa + kRowBarsOffset, and row_parity bit s: the
   // parity of slot s's next phase, one phase per row copied into the slot)
   uint32_t rows_sa = 0, row_dst_lane = 0, row_parity = 0;
-  if constexpr (kRowsTma<R, C>) {
+  if constexpr (M == kRowsTmaRot) {
+    rows_sa = smem_address(smem_rows_rope_tma<R>(warp));
+    if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowRopeBarsOffset + 8u * static_cast<uint32_t>(lane));
+    row_barrier_init_fence();
+    __syncwarp();
+  } else if constexpr (M == kRowsTmaSwz) {
     rows_sa = smem_address(smem_rows_tma<R>(warp));
     if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowBarsOffset + 8u * static_cast<uint32_t>(lane));
     row_barrier_init_fence();
@@ -648,6 +836,17 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     // the insert slot as (page, row in page), also resolved in parallel over the lanes
     int64_t role_page = -1, role_r = 0;
     if (role_slot >= 0) divmod_fast(role_slot, p.cache.S_div, role_page, role_r);
+    // NVFP4, ratio 1: the record's value and scale addresses (NvRecPtr), here for all the
+    // chunk's programs at once rather than on the whole warp per program
+    // (byte offsets from the cache base rather than pointers, so that the stores stay global
+    // ones after the shuffle; -1: no insert)
+    int64_t role_val = -1, role_sc_off = 0;
+    if constexpr (R == 1 && F == kNv) {
+      if (role_page >= 0) {
+        role_val = role_page * p.cache.page_stride_bytes + Nvfp4Layout::value_offset(p.cache.S, role_r);
+        role_sc_off = Nvfp4Layout::scale_offset(p.cache.S, role_r) - Nvfp4Layout::value_offset(p.cache.S, role_r);
+      }
+    }
     // the RoPE table row of the program's insert (null: no insert)
     const float* role_trow = nullptr;
     if constexpr (F != kNoRecord) {
@@ -685,7 +884,55 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
     };
 
     const int nn = static_cast<int>(n);
-    if constexpr (R == 1) {
+    if constexpr (M == kRowsTmaRot) {
+      // Rows and RoPE entries of program j by TMA into ring slot j % (ahead + 1) (tma_row_rope),
+      // kRowsAhead programs ahead, both on the slot's barrier; no cp.async groups. Token and RoPE
+      // row travel as 32-bit values (the launcher picks this mechanism only for N and table rows
+      // below 2^31); token -1: none; RoPE row 0 for a program without an insert (copied, not read).
+      const int32_t role_t32 = static_cast<int32_t>(role_t);
+      const int32_t role_rope32 = role_trow != nullptr ? static_cast<int32_t>(role_row) : 0;
+      constexpr int kSlots = kRowsAhead + 1;
+      // L2 policies: rows evict-first (read once; the chunk-16 cp.async kernel's kRowsEvictFirst),
+      // RoPE rows evict-last (re-read by every request at each position, see l2_policy_evict_last)
+      const uint64_t row_pol = l2_policy_evict_first();
+      auto copy = [&](int j, int slot) {
+        const int32_t tj = __shfl_sync(0xFFFFFFFFu, role_t32, j);
+        const int32_t rj = __shfl_sync(0xFFFFFFFFu, role_rope32, j);
+        const uint32_t us = static_cast<uint32_t>(slot);
+        if (tj >= 0)
+          tma_row_rope(rows_sa + us * kRowTmaBytes, rows_sa + kRopeSlotsOffset + us * kRopeBytes, &kv_map, &rope_map, tj,
+                       rj, rows_sa + kRowRopeBarsOffset + 8u * us, row_pol, rope_policy);
+      };
+  #pragma unroll
+      for (int j = 0; j < kRowsAhead; ++j)
+        if (j < nn) copy(j, j);
+      int s_use = 0, s_fill = kRowsAhead;  // ring slots of programs i and i + kRowsAhead
+      for (int i = 0; i < nn; ++i) {
+        // slot s_fill is program i-1's: every read of it ended before the __syncwarp that closes
+        // process_warp
+        if (i + kRowsAhead < nn) copy(i + kRowsAhead, s_fill);
+        const int32_t t32 = __shfl_sync(0xFFFFFFFFu, role_t32, i);
+        const uint32_t us = static_cast<uint32_t>(s_use);
+        if (t32 >= 0) {
+          row_barrier_wait(rows_sa + kRowRopeBarsOffset + 8u * us, (row_parity >> us) & 1u);
+          row_parity ^= 1u << us;
+          const int64_t off = shfl64(role_val, i);
+          const NvRecPtr nrec{p.cache.base + off,
+                              __shfl_sync(0xFFFFFFFFu, static_cast<int32_t>(role_sc_off), i)};  // (|sc_off| < 2^31: launcher)
+          float rc = 0.0f, rsn = 0.0f;
+          if (off >= 0) {
+            const PooledSmem rope{rows_sa + kRopeSlotsOffset + us * kRopeBytes};
+            rc = rope.f32(ul);
+            rsn = rope.f32(kRopeDim / 2 + ul);
+          }
+          process_warp<F>(p, t32, off >= 0 ? 0 : -1, 0, rc, rsn, RowRotated{rows_sa + us * kRowTmaBytes, rot_rx, w_lane},
+                          lane, wb, wrope, nrec);
+        }
+        s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
+        s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
+      }
+      continue;  // the next chunk (every slot read above ended before its __syncwarp)
+    } else if constexpr (R == 1) {
       // Rows and RoPE entries of program j copied into ring slot j % (ahead + 1), kRowsAhead
       // programs ahead: 6 KiB per warp in flight without holding registers; the RoPE entries by
       // cp.async, one commit group per program. The row (when the program has a token):
@@ -695,7 +942,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
       //    at pooled_index(d)), in the same commit group as the RoPE entries (PooledSmem).
       // Either way the row is what process_warp reads. Slots are tracked by two rotating counters
       // and addressed through 32-bit shared addresses computed once.
-      constexpr bool kTma = kRowsTma<R, C>;
+      constexpr bool kTma = M == kRowsTmaSwz;
       constexpr uint32_t kRowBytes = kTma ? kRowTmaBytes : kPooledFloats * 4;
       constexpr int kSlots = kRowsAhead + 1;
       const uint64_t row_policy = !kTma && kRowsEvictFirst<C> ? l2_policy_evict_first() : 0;
@@ -736,15 +983,30 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F>))
             row_parity ^= 1u << us;
           }
         }
-        const int64_t pg = shfl64(role_page, i);
-        const int64_t ir = shfl64(role_r, i);
+        // the insert: (page, row) or, NVFP4, the record's addresses (null: no insert)
+        int64_t pg = -1, ir = 0;
+        NvRecPtr nrec{nullptr, 0};
+        if constexpr (F == kNv) {
+          const int64_t off = shfl64(role_val, i);
+          nrec.val = p.cache.base + off;
+          nrec.sc_off = shfl64(role_sc_off, i);
+          pg = off >= 0 ? 0 : -1;
+        } else {
+          pg = shfl64(role_page, i);
+          ir = shfl64(role_r, i);
+        }
         float rc = 0.0f, rsn = 0.0f;
         if constexpr (F != kNoRecord) {
           if (pg >= 0) read_rope(s_use, rc, rsn);
         }
         if (t >= 0) {
-          if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope);
-          else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope);
+          if constexpr (F == kNv) {
+            if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope, nrec);
+            else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope, nrec);
+          } else {
+            if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope);
+            else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope);
+          }
         }
         s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
         s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
@@ -1114,7 +1376,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
 // device and cached (host-only queries, legal during stream capture). One cache per template
 // instantiation: every instantiation has the same function type, so a cache keyed by the type
 // would hand one kernel's occupancy to all the others.
-template <int R, int F, int C>
+template <int R, int F, int C, int M>
 int64_t resident_blocks() {
   static std::atomic<int64_t> cache[64] = {};
   int dev = 0;
@@ -1125,14 +1387,14 @@ int64_t resident_blocks() {
     if (v > 0) return v;
   }
   int per_sm = 0, sms = 0;
-  DSV41KV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compress_stream_kernel<R, F, C>, 128, 0));
+  DSV41KV_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, compress_stream_kernel<R, F, C, M>, 128, 0));
   DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const int64_t v = std::max<int64_t>(1, static_cast<int64_t>(per_sm) * sms);
   if (cached) cache[dev].store(v, std::memory_order_relaxed);
   return v;
 }
 
-template <int R, int F, int C>
+template <int R, int F, int C, int M>
 void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool pdl) {
   int64_t blocks;
   CompressParams q = p;
@@ -1149,7 +1411,7 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     // a long contiguous stretch) was slower for both ratios (200 -> 206 us ratio 1, 295 -> 322 us
     // ratio 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same
     // time on neighbouring rows.
-    const int64_t fit = resident_blocks<R, F, C>();
+    const int64_t fit = resident_blocks<R, F, C, M>();
     // the grid's shape: stream_shape_r1 (a tapered tail on large grids)
     const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, stream_shape_r1(p.N, C, fit));
     blocks = sp.blocks;
@@ -1157,12 +1419,15 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
   }
   // the kv rows' tensor map (kRowsTma; devices before sm_90 run the kernel's synchronous
   // fallback copy, which does not read it: tensor maps need compute capability 9.0)
-  CUtensorMap kv_map{};
-  if constexpr (kRowsTma<R, C>) {
-    if (device_is_sm90_or_newer()) kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride);
+  CUtensorMap kv_map{}, rope_map{};
+  if constexpr (M == kRowsTmaSwz) {
+    if (device_is_sm90_or_newer()) kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride, true);
+  } else if constexpr (M == kRowsTmaRot) {  // (picked on sm_90+ only)
+    kv_map = kv_rows_tensor_map(p.kv, p.N, p.kv_stride, false);
+    rope_map = rope_table_tensor_map(p.table, p.table_rows);
   }
-  launch_kernel(compress_stream_kernel<R, F, C>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
-                pdl, q, kv_map);
+  launch_kernel(compress_stream_kernel<R, F, C, M>, dim3(static_cast<unsigned>(blocks)), dim3(128), stream,
+                pdl, q, kv_map, rope_map);
 }
 
 // Programs per chunk C of the streaming kernel (at most 32: one lane resolves each program's
@@ -1180,13 +1445,31 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
   if (c == 0) {
     const int64_t chunks8 = ((R == 2 ? (p.N + 1) / 2 : p.N) + kChunkLarge - 1) / kChunkLarge;
     const int64_t blocks8 = ((R == 2 ? p.num_reqs : 0) + chunks8 + 3) / 4;
-    const bool large = (R == 2 || F != kNv) && blocks8 >= 4 * resident_blocks<R, F, kChunkLarge>();
+    const bool large = (R == 2 || F != kNv) && blocks8 >= 4 * resident_blocks<R, F, kChunkLarge, (R == 1 ? kRowsTmaSwz : kRowsCp)>();
     c = large ? kChunkLarge : kChunkSmall;
   }
   // the chunk-8 ratio-1 kernel's TMA copies address a token by a 32-bit coordinate
   if (R == 1 && c == kChunkLarge && p.N > INT32_MAX) c = kChunkSmall;
-  if (c == kChunkLarge) launch_compress_stream_c<R, F, kChunkLarge>(p, stream, pdl);
-  else launch_compress_stream_c<R, F, kChunkSmall>(p, stream, pdl);
+  if (c == kChunkLarge) {
+    launch_compress_stream_c<R, F, kChunkLarge, (R == 1 ? kRowsTmaSwz : kRowsCp)>(p, stream, pdl);
+    return;
+  }
+  if constexpr (R == 1 && F == kNv) {
+    // rows and RoPE entries by TMA (kRowsTmaRot): sm_90+, 32-bit coordinates, a 16-byte aligned
+    // table (a tensor map's global address), 8-byte aligned records (one store of the NoPE code
+    // words), the scale offset from the values in 32 bits (S <= 2^22); grids of at least two
+    // waves of one-chunk warps (256K: the TMA pipeline's gain; 32K, whose widened grid gives each
+    // warp ~9 tokens, ran 34.5 -> 36.0 us with it, session 13: the per-warp start costs more)
+    if (device_is_sm90_or_newer() && p.N <= INT32_MAX && p.table_rows >= 1 && p.table_rows <= INT32_MAX &&
+        reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.base) % 8 == 0 &&
+        p.cache.page_stride_bytes % 8 == 0 && p.cache.S <= (int64_t{1} << 22) && stream_rows_override() != 1 &&
+        (stream_rows_override() == 2 || (p.N + 4 * kChunkSmall - 1) / (4 * kChunkSmall) >=
+                                            2 * resident_blocks<R, F, kChunkSmall, kRowsTmaRot>())) {
+      launch_compress_stream_c<R, F, kChunkSmall, kRowsTmaRot>(p, stream, pdl);
+      return;
+    }
+  }
+  launch_compress_stream_c<R, F, kChunkSmall, kRowsCp>(p, stream, pdl);
 }
 
 template <int R, int F>

@@ -239,7 +239,11 @@ void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bo
 // work; passed by value as a kernel parameter, so graph capture records it with the launch.
 // Error(kCuda) when the driver refuses (not expected for validated arguments). Only for devices
 // of compute capability >= 9.0 (the launcher passes an unused zero map elsewhere).
-CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride);
+// swizzle: the 128-byte swizzle (RowSwizzled) or none (RowRotated).
+CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride, bool swizzle);
+// The RoPE table [rows, 64] floats (16-byte aligned, rows in [1, 2^31)) as a TMA tensor map of
+// one table row per box, no swizzle (the ratio-1 NVFP4 kernel's RoPE copies, kRowsTmaRot).
+CUtensorMap rope_table_tensor_map(const float* table, int64_t rows);
 
 // RoPE + quantized insert of latent rows (SPEC 5.1).
 struct InsertParams {

@@ -17,6 +17,13 @@ inline constexpr int kChunkSmall = 16, kChunkLarge = 8;
 void set_stream_chunk_override(int programs);
 int stream_chunk_override();
 
+// How the ratio-1 NVFP4 chunk-16 kernel copies its kv rows and RoPE entries: 0 (default) TMA
+// for grids of at least two waves where the device and arguments allow it (kRowsTmaRot in
+// cuda_compress.cuh), else cp.async; 1 cp.async; 2 TMA at any size where allowed (the GPU tests
+// run both on the same inputs).
+void set_stream_rows_override(int mode);  // 0, 1 or 2
+int stream_rows_override();
+
 // Shape of the ratio-1 streaming grid (`dsv41kv bench --stream-head / --stream-tail
 // W,C[;W,C...]`): head part k has max(1, Wk x (resident warps)) warps of at most Ck tokens, the
 // same for the tail parts (stream_shape_r1; parts with Ck >= the grid's chunk are left out).

@@ -60,11 +60,30 @@ std::vector<GpuBatchSpec> shapes(int ratio) {
   return v;
 }
 
-// Puts the streaming kernel's chunk size back to the library's choice when a test that forced
-// one ends (also on a failed assertion).
+// Puts the streaming kernel's chunk size and row mechanism back to the library's choice when a
+// test that forced one ends (also on a failed assertion).
 struct StreamChunkReset {
-  ~StreamChunkReset() { detail::cuda::set_stream_chunk_override(0); }
+  ~StreamChunkReset() {
+    detail::cuda::set_stream_chunk_override(0);
+    detail::cuda::set_stream_rows_override(0);
+  }
 };
+// The streaming kernel's row mechanisms: chunk 8 (ratio 1: TMA rows, swizzled), chunk 16 with
+// TMA where allowed (ratio-1 NVFP4: rows and RoPE entries, rotated reads; the library picks it
+// for large grids only), chunk 16 with cp.async rows.
+struct StreamMech {
+  int chunk;
+  int rows;
+  std::string name() const {
+    return "chunk " + std::to_string(chunk) + (rows == 1 ? " cp.async rows" : rows == 2 ? " TMA rows" : "");
+  }
+  void set() const {
+    detail::cuda::set_stream_chunk_override(chunk);
+    detail::cuda::set_stream_rows_override(rows);
+  }
+};
+const StreamMech kStreamMechs[] = {
+    {detail::cuda::kChunkLarge, 0}, {detail::cuda::kChunkSmall, 2}, {detail::cuda::kChunkSmall, 1}};
 
 class CompressorGpu : public GpuTest {
  protected:
@@ -139,22 +158,35 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
 
 // Both chunk sizes of the streaming kernel (the host picks 8 programs only for grids of many
 // waves, which the test shapes are not; 8 reads the ratio-1 rows with TMA into a swizzled ring,
-// 16 with cp.async and the evict-first policy, kRowsEvictFirst) on the same inputs, for both
-// ratios and every record, ratio 2 with the tail policy and PCP, with and without the latent
-// output, and compress alone: each equal to the CPU byte for byte.
+// 16 with cp.async and the evict-first policy, kRowsEvictFirst, and ratio-1 NVFP4 at 16 also with
+// rows and RoPE entries by TMA, forced by the rows override) on the same inputs,
+// for both ratios and every record, ratio 2 with the tail policy and PCP, with and without the
+// latent output, and compress alone: each equal to the CPU byte for byte.
 TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   const StreamChunkReset reset;
-  for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
+  for (const StreamMech& m : kStreamMechs)
     for (int ratio : {1, 2})
       for (RecordFormat f : kFormats)
-        for (bool pcp : {false, true}) {
-          if (pcp && ratio == 1) continue;
-          detail::cuda::set_stream_chunk_override(chunk);
-          GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
-          s.format = f;
-          s.pcp = pcp;
-          EXPECT_TRUE(fused_matches_cpu(s, "chunk " + std::to_string(chunk)));
-        }
+        for (bool pcp : {false, true})
+          for (bool with_latent : {false, true}) {
+            if (pcp && ratio == 1) continue;
+            if (with_latent && !(ratio == 1 && f == RecordFormat::NVFP4_288)) continue;  // (see below)
+            m.set();
+            GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
+            s.format = f;
+            s.pcp = pcp;
+            if (!with_latent) {
+              EXPECT_TRUE(fused_matches_cpu(s, m.name()));
+              continue;
+            }
+            // ratio-1 NVFP4 with the latent output too (fused_matches_cpu leaves it out for
+            // NVFP4): the rotated reads store the latent chunk by chunk
+            GpuBatch b = GpuBatch::make(s, rng());
+            GpuBatchDev d(b);
+            compress_insert(compress_insert_args(b, nullptr, true));
+            compress_insert(compress_insert_args(b, &d, true));
+            EXPECT_TRUE(outputs_equal(b, d, m.name() + " +latent " + name_of(s)));
+          }
   // compress alone (no record: its own kernel instantiation, the one the separate path and
   // every compress call of a large batch launch)
   for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
@@ -181,12 +213,12 @@ TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
       dec.format = f;
       dec.kv_row_extra = 48;
       EXPECT_TRUE(fused_matches_cpu(dec, "kv row stride +48"));
-      for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall}) {
-        detail::cuda::set_stream_chunk_override(chunk);
+      for (const StreamMech& m : kStreamMechs) {
+        m.set();
         GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
         s.format = f;
         s.kv_row_extra = 16;
-        EXPECT_TRUE(fused_matches_cpu(s, "kv row stride +16, chunk " + std::to_string(chunk)));
+        EXPECT_TRUE(fused_matches_cpu(s, "kv row stride +16, " + m.name()));
       }
     }
 }
@@ -320,11 +352,26 @@ TEST_F(CompressorGpu, SaveRingRowsMatchesCpu) {
 }
 
 // Capture compress_insert + gather on a stream into a CUDA graph; replaying it over new
-// inputs (copied into the same buffers) must give exactly the eager results.
+// inputs (copied into the same buffers) must give exactly the eager results. Decode (the
+// graph-replayed case) for both ratios, and the ratio-1 streaming kernels whose launches carry
+// TMA tensor maps (chunk 8: kv rows; NVFP4 chunk 16: kv rows and RoPE table), which the graph
+// records by value.
 TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
-  for (int ratio : {1, 2}) {
-    GpuBatchSpec s = shapes(ratio)[0];  // decode: the graph-replayed case
-    s.format = RecordFormat::V4_584;
+  const StreamChunkReset reset;
+  struct Case {
+    int ratio, shape;
+    RecordFormat f;
+    StreamMech mech;
+  };
+  const Case cases[] = {{1, 0, RecordFormat::V4_584, {0, 0}},
+                        {2, 0, RecordFormat::V4_584, {0, 0}},
+                        {1, 2, RecordFormat::V4_584, {detail::cuda::kChunkLarge, 0}},
+                        {1, 2, RecordFormat::NVFP4_288, {detail::cuda::kChunkSmall, 2}}};
+  for (const Case& cs : cases) {
+    const int ratio = cs.ratio;
+    cs.mech.set();
+    GpuBatchSpec s = shapes(ratio)[cs.shape];
+    s.format = cs.f;
     GpuBatch b1 = GpuBatch::make(s, rng());
     GpuBatch b2 = b1;  // same batch layout, new row and ring contents
     for (auto& v : b2.kv) v = static_cast<float>(rng().normal());
@@ -385,7 +432,8 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
         gout.upload(std::vector<uint16_t>(static_cast<size_t>(M * 512), kBf16Sentinel));
         GPU_CHECK(cudaGraphLaunch(exec, st));
         GPU_CHECK(cudaStreamSynchronize(st));
-        const std::string w = "graph replay r" + std::to_string(ratio) + " set " + std::to_string(which);
+        const std::string w = "graph replay r" + std::to_string(ratio) + " " + name_of(s) + " " + cs.mech.name() +
+                              " set " + std::to_string(which);
         EXPECT_TRUE(bits_equal(eager_cache[static_cast<size_t>(which)], d.cache8.download(), w + " cache"));
         EXPECT_TRUE(bits_equal(eager_lat[static_cast<size_t>(which)], d.latent.download(), w + " latent"));
         EXPECT_TRUE(bits_equal(eager_ring[static_cast<size_t>(which)], d.ring.download(), w + " ring"));

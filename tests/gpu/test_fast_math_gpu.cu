@@ -158,6 +158,49 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
   }
 }
 
+// e2m1_codes_f32x2 (fp32 values compared with the bf16 thresholds through their bf16 roundings
+// down and up) against e2m1_quotient_code of each value: every bf16 pattern as the high half of
+// the first value with low halves 0 (exactly a bf16 value, e.g. a threshold), 1, 0x7FFF, 0x8000,
+// 0xFFFF and two others (just above a bf16 value, between, just below the next), paired with a
+// second value of another pattern, for every positive e4m3 scale (blockIdx.y + 1).
+__global__ void e2m1_f32x2_kernel(unsigned long long* mismatches, uint32_t* first_a) {
+  const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
+  float thr[7];
+  e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
+  uint32_t T2[7];
+  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+  const uint32_t hi_a = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
+  if (hi_a > 0xFFFFu) return;
+  constexpr uint32_t kLow[7] = {0u, 1u, 0x7FFFu, 0x8000u, 0xFFFFu, 0x1234u, 0xC001u};
+  for (uint32_t j = 0; j < 7; ++j) {
+    const uint32_t ua = (hi_a << 16) | kLow[j];
+    const uint32_t ub = (((hi_a * 40503u + j * 1021u) & 0xFFFFu) << 16) | kLow[6 - j];
+    const float a = num::u2f(ua), b = num::u2f(ub);
+    if (!num::is_finite(a) || !num::is_finite(b)) continue;  // the writer quantises finite tiles only
+    const uint32_t want = static_cast<uint32_t>(e2m1_quotient_code(a, thr)) |
+                          (static_cast<uint32_t>(e2m1_quotient_code(b, thr)) << 16);
+    if (e2m1_codes_f32x2(a, b, T2) != want) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first_a, ua);
+    }
+  }
+}
+
+// __frcp_rn(x) (cmath::rms_inverse's reciprocal on the device) against __fdiv_rn(1, x) for every
+// float bit pattern (NaN inputs: both NaN).
+__global__ void reciprocal_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint32_t base = (blockIdx.x * blockDim.x + threadIdx.x) * 1024u;
+  for (uint32_t j = 0; j < 1024u; ++j) {
+    const float x = num::u2f(base + j);
+    const float a = __frcp_rn(x), b = __fdiv_rn(1.0f, x);
+    const bool same = num::f2u(a) == num::f2u(b) || (a != a && b != b);
+    if (!same) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first, base + j);
+    }
+  }
+}
+
 // The packing e2m1_pack8 replaced (the tests' reference): byte b = code(2b) | code(2b+1) << 4 of
 // code word c[b] (codes in bits 0-3 and 16-19), pair by pair with shifts and masks.
 DSV41KV_HD uint32_t pack8_per_pair(const uint32_t (&c)[4]) {
@@ -190,7 +233,9 @@ __global__ void nv_pack_kernel(unsigned long long* mismatches, uint32_t* first) 
       x = x * 1664525u + 1013904223u;
       c[b] = (x >> 8) & 0x000F000Fu;  // codes in bits 0-3 and 16-19, as e2m1_codes_bf16x2
     }
-    if (e2m1_pack8(c) != pack8_per_pair(c)) {
+    const uint32_t swapped[4] = {c[2], c[3], c[0], c[1]};
+    const uint32_t p = pack8_per_pair(c), ps = pack8_per_pair(swapped);
+    if (e2m1_pack8(c) != p || e2m1_pack8(swapped, 0x1054u) != ((ps >> 16) | (ps << 16))) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first, 0x80000000u | tid);
     }
@@ -262,6 +307,21 @@ TEST_F(FastMathGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {
       [](unsigned long long* cnt, uint32_t* first) { e2m1_bf16x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first); },
       r));
   EXPECT_EQ(r.mismatches, 0ull) << "first mismatching packed word 0x" << std::hex << r.first;
+}
+
+TEST_F(FastMathGpu, ReciprocalEqualsDivision) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(run_sweep(
+      [](unsigned long long* cnt, uint32_t* first) { reciprocal_kernel<<<(1u << 22) / 256, 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching bit pattern 0x" << std::hex << r.first;
+}
+
+TEST_F(FastMathGpu, E2m1Fp32PairDecisionsEqualScalar) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(run_sweep(
+      [](unsigned long long* cnt, uint32_t* first) { e2m1_f32x2_kernel<<<dim3(256, 0x7E), 256>>>(cnt, first); },
+      r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching first value bits 0x" << std::hex << r.first;
 }
 
 TEST_F(FastMathGpu, NvfpThresholdProductsAndNibblePackingEqualTheScalarForms) {
