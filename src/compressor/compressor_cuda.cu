@@ -69,6 +69,10 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 }  // namespace
 
+// No L2 promotion: with the 256-byte promotion each 128-byte line request of a row fetched a
+// 256-byte granule, and the kernels' L2 read sectors rose by ~16 per row (ncu, nvfp4 256K: 31.9M
+// against 27.7M); 256K ratio 1 v4 / mxfp8 ran 177.6 / 173.1 us with it and 171.2 / 167.5 without
+// (128-byte promotion: the same as none), nvfp4 166.5-167.0 against 165.7-166.5 (session 13).
 CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride, bool swizzle) {
   CUtensorMap m{};
   const cuuint64_t dim[3] = {32, 16, static_cast<cuuint64_t>(rows)};
@@ -78,7 +82,7 @@ CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride
   const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(kv), dim, stride,
                                           box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                           swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
                                ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) +
