@@ -304,9 +304,11 @@ struct NvRecPtr {
 
 // RMS (normative order) -> latent -> latent_out / record of one program on one warp, from the
 // pooled row in the warp's scratch `pooled` (ratio 2: written by pool_warp; ratio 1: the kv row
-// itself, copied there by cp.async), padded layout. Every read of the scratch ends before a
+// itself, copied there by cp.async or TMA), in the layout `Pooled` describes (PooledPtr /
+// PooledSmem: padded; RowSwizzled; RowRotated). Every read of the scratch ends before a
 // __syncwarp, so the next program may overwrite it.
 // rc, rsn: the RoPE table entries (cos, sin) of pair `lane` of the insert (ipage >= 0).
+// rec: where an NVFP4 record goes when its addresses come from the metadata round (NvRecPtr).
 template <int F, class Pooled, class Rec = RecAt>
 __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t, int64_t ipage,
                                              int64_t ir, float rc, float rsn, Pooled pooled, int lane,
