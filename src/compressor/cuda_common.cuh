@@ -627,18 +627,28 @@ __device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
 // scale by FastMathHost.E2m1ThresholdsAreExactInBf16), and bf16 values compare exactly in bf16:
 // the same three decisions as e2m1_quotient_code, two values per instruction, with selects by
 // the all-ones half masks of set.u32.bf16x2 (sm_90) instead of per-value predicates.
-DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = w & 0x7FFF7FFFu;  // |v| of both halves
+// The three decisions of e2m1_quotient_code for two values at once (bf16x2): `ge` holds the |v|
+// bf16 patterns the two >= comparisons use, `gt` those of the > comparison (the same for bf16
+// values; e2m1_codes_f32x2 passes fp32 values' roundings down and up), `sgn` the signs at bits
+// 15 and 31. Codes at bits 0-3 and 16-19.
+__device__ __forceinline__ uint32_t e2m1_codes_bf16x2_abs(uint32_t ge, uint32_t gt, uint32_t sgn,
+                                                         const uint32_t (&T2)[7]) {
   uint32_t m2, m1, m0;
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(a), "r"(T2[3]));
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(ge), "r"(T2[3]));
   const uint32_t t1 = (m2 & T2[5]) | (~m2 & T2[1]);
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(a), "r"(t1));
+  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(ge), "r"(t1));
   const uint32_t tl = (m2 & T2[4]) | (~m2 & T2[0]);
   const uint32_t th = (m2 & T2[6]) | (~m2 & T2[2]);
   const uint32_t t0 = (m1 & th) | (~m1 & tl);
-  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(a), "r"(t0));
-  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((w >> 12) & 0x00080008u);
+  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(gt), "r"(t0));
+  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((sgn >> 12) & 0x00080008u);
+}
+#endif
+DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = w & 0x7FFF7FFFu;  // |v| of both halves
+  return e2m1_codes_bf16x2_abs(a, a, w, T2);
 #else  // element-wise (older architectures, the host)
   float thr[7];
 #pragma unroll
@@ -681,15 +691,7 @@ DSV41KV_HD uint32_t e2m1_codes_f32x2(float a, float b, const uint32_t (&T2)[7]) 
   const uint32_t hi = __byte_perm(ua, ub, 0x7632);  // sign and truncated |x| of both
   const uint32_t dn = hi & 0x7FFF7FFFu;
   const uint32_t up = __byte_perm((ua & 0x7FFFFFFFu) + 0xFFFFu, (ub & 0x7FFFFFFFu) + 0xFFFFu, 0x7632);
-  uint32_t m2, m1, m0;
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(dn), "r"(T2[3]));
-  const uint32_t t1 = (m2 & T2[5]) | (~m2 & T2[1]);
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(dn), "r"(t1));
-  const uint32_t tl = (m2 & T2[4]) | (~m2 & T2[0]);
-  const uint32_t th = (m2 & T2[6]) | (~m2 & T2[2]);
-  const uint32_t t0 = (m1 & th) | (~m1 & tl);
-  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(up), "r"(t0));
-  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((hi >> 12) & 0x00080008u);
+  return e2m1_codes_bf16x2_abs(dn, up, hi, T2);
 #else
   float thr[7];
 #pragma unroll
