@@ -1002,13 +1002,13 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
           if (pg >= 0) read_rope(s_use, rc, rsn);
         }
         if (t >= 0) {
-          if constexpr (F == kNv) {
-            if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope, nrec);
-            else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope, nrec);
-          } else {
-            if constexpr (kTma) process_warp<F>(p, t, pg, ir, rc, rsn, RowSwizzled{rows_sa + us * kRowBytes}, lane, wb, wrope);
-            else process_warp<F>(p, t, pg, ir, rc, rsn, PooledSmem{rows_sa + us * kRowBytes}, lane, wb, wrope);
-          }
+          // the row in its layout, the record by its addresses (NVFP4) or by (page, row)
+          auto run = [&](auto row) {
+            if constexpr (F == kNv) process_warp<F>(p, t, pg, ir, rc, rsn, row, lane, wb, wrope, nrec);
+            else process_warp<F>(p, t, pg, ir, rc, rsn, row, lane, wb, wrope);
+          };
+          if constexpr (kTma) run(RowSwizzled{rows_sa + us * kRowBytes});
+          else run(PooledSmem{rows_sa + us * kRowBytes});
         }
         s_use = s_use == kSlots - 1 ? 0 : s_use + 1;
         s_fill = s_fill == kSlots - 1 ? 0 : s_fill + 1;
