@@ -532,9 +532,10 @@ struct alignas(1024) RowsTmaSmem {
   float rows[kRowsAhead + 1][kLatentDim];
   uint64_t bars[kRowsAhead + 1];
 };
-template <int R>
-__device__ __forceinline__ RowsTmaSmem* smem_rows_tma(int warp) {
-  __shared__ RowsTmaSmem s[4];
+// The warp's instance of a per-warp shared-memory struct (4 warps per block; one array per type).
+template <class T>
+__device__ __forceinline__ T* smem_per_warp(int warp) {
+  __shared__ T s[4];
   return &s[warp];
 }
 inline constexpr uint32_t kRowBarsOffset = (kRowsAhead + 1) * kLatentDim * 4;
@@ -545,11 +546,6 @@ struct alignas(128) RowsRopeTmaSmem {
   float rope[kRowsAhead + 1][kRopeDim];
   uint64_t bars[kRowsAhead + 1];
 };
-template <int R>
-__device__ __forceinline__ RowsRopeTmaSmem* smem_rows_rope_tma(int warp) {
-  __shared__ RowsRopeTmaSmem s[4];
-  return &s[warp];
-}
 inline constexpr uint32_t kRopeSlotsOffset = (kRowsAhead + 1) * kLatentDim * 4;
 inline constexpr uint32_t kRowRopeBarsOffset = kRopeSlotsOffset + (kRowsAhead + 1) * kRopeDim * 4;
 static_assert(offsetof(RowsRopeTmaSmem, rope) == kRopeSlotsOffset && offsetof(RowsRopeTmaSmem, bars) == kRowRopeBarsOffset);
@@ -815,12 +811,12 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
   // parity of slot s's next phase, one phase per row copied into the slot)
   uint32_t rows_sa = 0, row_dst_lane = 0, row_parity = 0;
   if constexpr (M == kRowsTmaRot) {
-    rows_sa = smem_address(smem_rows_rope_tma<R>(warp));
+    rows_sa = smem_address(smem_per_warp<RowsRopeTmaSmem>(warp));
     if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowRopeBarsOffset + 8u * static_cast<uint32_t>(lane));
     row_barrier_init_fence();
     __syncwarp();
   } else if constexpr (M == kRowsTmaSwz) {
-    rows_sa = smem_address(smem_rows_tma<R>(warp));
+    rows_sa = smem_address(smem_per_warp<RowsTmaSmem>(warp));
     if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowBarsOffset + 8u * static_cast<uint32_t>(lane));
     row_barrier_init_fence();
     __syncwarp();
