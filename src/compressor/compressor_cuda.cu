@@ -67,6 +67,25 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   }();
   return fn;
 }
+
+// A tiled fp32 tensor map of kRank dimensions (dims, byte strides of dims 1.., box; element
+// strides 1), or Error(kCuda) naming what() when the driver refuses it (the text is built only
+// then: this runs at every launch of a TMA kernel).
+template <int kRank, class What>
+CUtensorMap f32_tensor_map(const float* base, const cuuint64_t (&dim)[kRank], const cuuint64_t (&stride)[kRank - 1],
+                           const cuuint32_t (&box)[kRank], CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
+                           What what) {
+  CUtensorMap m{};
+  cuuint32_t elem_stride[kRank];
+  for (int k = 0; k < kRank; ++k) elem_stride[k] = 1;
+  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, kRank, const_cast<float*>(base), dim,
+                                          stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(ErrorCode::kCuda,
+         "cuTensorMapEncodeTiled refused " + what() + " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
+  return m;
+}
 }  // namespace
 
 // No L2 promotion: with the 256-byte promotion each 128-byte line request of a row fetched a
@@ -74,34 +93,21 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 // against 27.7M); 256K ratio 1 v4 / mxfp8 ran 177.6 / 173.1 us with it and 171.2 / 167.5 without
 // (128-byte promotion: the same as none), nvfp4 166.5-167.0 against 165.7-166.5 (session 13).
 CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride, bool swizzle) {
-  CUtensorMap m{};
   const cuuint64_t dim[3] = {32, 16, static_cast<cuuint64_t>(rows)};
   const cuuint64_t stride[2] = {128, static_cast<cuuint64_t>(row_stride) * sizeof(float)};  // bytes, dims 1 and 2
   const cuuint32_t box[3] = {32, 16, 1};
-  const cuuint32_t elem_stride[3] = {1, 1, 1};
-  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, const_cast<float*>(kv), dim, stride,
-                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-                                          CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the kv rows (CUresult " + std::to_string(static_cast<int>(r)) +
-                               ", rows " + std::to_string(rows) + ", row stride " + std::to_string(row_stride) +
-                               " floats)");
-  return m;
+  return f32_tensor_map<3>(kv, dim, stride, box, swizzle ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+                           CU_TENSOR_MAP_L2_PROMOTION_NONE, [&] {
+                             return "the kv rows (rows " + std::to_string(rows) + ", row stride " +
+                                    std::to_string(row_stride) + " floats)";
+                           });
 }
 CUtensorMap rope_table_tensor_map(const float* table, int64_t rows) {
-  CUtensorMap m{};
   const cuuint64_t dim[2] = {static_cast<cuuint64_t>(kRopeDim), static_cast<cuuint64_t>(rows)};
   const cuuint64_t stride[1] = {kRopeDim * sizeof(float)};  // bytes, dim 1
   const cuuint32_t box[2] = {static_cast<cuuint32_t>(kRopeDim), 1};
-  const cuuint32_t elem_stride[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(table), dim, stride,
-                                          box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail(ErrorCode::kCuda, "cuTensorMapEncodeTiled refused the RoPE table (CUresult " +
-                               std::to_string(static_cast<int>(r)) + ", rows " + std::to_string(rows) + ")");
-  return m;
+  return f32_tensor_map<2>(table, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                           [&] { return "the RoPE table (rows " + std::to_string(rows) + ")"; });
 }
 namespace {
 std::mutex g_taper_mu;
