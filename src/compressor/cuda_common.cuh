@@ -438,6 +438,14 @@ __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
 // nvcc 13 folds to "unordered" in device code, so the hardware path was dead code and every
 // value went through bf16_encode (v7 in docs/perf-notes.md: no F2FP.BF16 in the SASS).
 __device__ __forceinline__ bool bf16_hw_ok2(float a, float b) { return a == a && b == b; }
+// num::bf16_encode of each value, packed, in software (the NaN fallback below).
+template <int E>
+__device__ __forceinline__ void bf16_encode_packed_sw(const float (&v)[E], uint32_t (&w)[E / 2]) {
+#pragma unroll
+  for (int i = 0; i < E / 2; ++i)
+    w[i] = static_cast<uint32_t>(num::bf16_encode(v[2 * i])) |
+           (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
+}
 template <int E>
 __device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t (&w)[E / 2]) {
   bool ok = true;
@@ -446,12 +454,7 @@ __device__ __forceinline__ void bf16_encode_packed(const float (&v)[E], uint32_t
     w[i] = bf16x2_rn_hw(v[2 * i], v[2 * i + 1]);
     ok = ok && bf16_hw_ok2(v[2 * i], v[2 * i + 1]);
   }
-  if (!ok) {
-#pragma unroll
-    for (int i = 0; i < E / 2; ++i)
-      w[i] = static_cast<uint32_t>(num::bf16_encode(v[2 * i])) |
-             (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
-  }
+  if (!ok) bf16_encode_packed_sw<E>(v, w);
 }
 // The hardware conversion alone (NaN -> 0x7FFF, every other value as num::bf16_encode), and the
 // fix-up that makes such words equal to bf16_encode_packed's (a no-op unless a value is NaN).
@@ -465,12 +468,7 @@ __device__ __forceinline__ void bf16_fix_nan(const float (&v)[E], uint32_t (&w)[
   bool ok = true;
 #pragma unroll
   for (int i = 0; i < E / 2; ++i) ok = ok && bf16_hw_ok2(v[2 * i], v[2 * i + 1]);
-  if (!ok) {
-#pragma unroll
-    for (int i = 0; i < E / 2; ++i)
-      w[i] = static_cast<uint32_t>(num::bf16_encode(v[2 * i])) |
-             (static_cast<uint32_t>(num::bf16_encode(v[2 * i + 1])) << 16);
-  }
+  if (!ok) bf16_encode_packed_sw<E>(v, w);
 }
 // The floats of packed bf16 words (num::bf16_decode of each half).
 template <int E>
