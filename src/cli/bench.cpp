@@ -121,6 +121,8 @@ struct BenchOptions {
   int iters = 50;
   std::string baseline;             // vLLM baseline JSON ("" = embedded)
   std::string only;                 // one workload ("" = all)
+  int only_ratio = 0;               // one ratio (0 = both)
+  std::string only_record;          // one record format ("" = all)
   int program_warps = 0;            // detail::cuda::set_program_warps_override
   int stream_chunk = 0;             // detail::cuda::set_stream_chunk_override
   std::string stream_head;          // "W,C[;W,C]" (detail::cuda::set_stream_taper_override)
@@ -306,10 +308,12 @@ int run_bench(const BenchOptions& o) {
   for (const Workload& w : kWorkloads) {
     if (!o.only.empty() && o.only != w.name) continue;
     for (int ratio : {1, 2}) {
+      if (o.only_ratio != 0 && o.only_ratio != ratio) continue;
       const Inputs in = make_inputs(w, ratio, rng);
       const BaselineRow* br = base.find(ratio, w.name);
       for (RecordFormat f : kBenchFormats) {
         const RecordInfo& ri = record_info(f);
+        if (!o.only_record.empty() && o.only_record != ri.name) continue;
         const int layers = w.decode ? kDecodeLayers : 1;
         // buffer sets: one per layer, or one shared by every node (how triton's do_bench replays
         // the baseline kernels: the same inputs each time, warm in L2)
@@ -439,6 +443,10 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_option("--baseline", o.baseline, "vLLM baseline JSON (default: the embedded H200 figures)");
   cmd->add_option("--workload", o.only, "run one workload only")
       ->check(CLI::IsMember({"decode256", "prefill32k", "prefill256k"}));
+  cmd->add_option("--ratio", o.only_ratio, "run one compress ratio only (1 or 2; default both)")
+      ->check(CLI::IsMember({1, 2}));
+  cmd->add_option("--record", o.only_record, "run one record format only (v4_584, mxfp8_528, nvfp4_288)")
+      ->check(CLI::IsMember({"v4_584", "mxfp8_528", "nvfp4_288"}));
   cmd->add_option("--program-warps", o.program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));

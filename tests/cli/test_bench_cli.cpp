@@ -24,6 +24,8 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
       {"bench --program-warps 3", nullptr},
       {"bench --workload decode1", nullptr},
       {"bench --stream-chunk 12", "--stream-chunk"},
+      {"bench --ratio 3", "--ratio"},
+      {"bench --record plain_bf16", "--record"},
       // the grid-shape flags are parsed in CUDA builds only (a CPU build stops at --device cuda)
       {"bench --stream-tail '1,2;x'", built_with_cuda() ? "--stream-tail" : nullptr},
       {"bench --stream-head '1,2;1,2;1,2'", built_with_cuda() ? "--stream-head" : nullptr},
