@@ -125,6 +125,7 @@ struct BenchOptions {
   std::string only_record;          // one record format ("" = all)
   int program_warps = 0;            // detail::cuda::set_program_warps_override
   int stream_chunk = 0;             // detail::cuda::set_stream_chunk_override
+  int stream_rows = 0;              // detail::cuda::set_stream_rows_override
   std::string stream_head;          // "W,C[;W,C]" (detail::cuda::set_stream_taper_override)
   std::string stream_tail;          // "W,C[;W,C[;W,C]]", "0": no tail
   std::string timing = "do_bench";  // do_bench | sync (Timing)
@@ -392,6 +393,7 @@ int run_bench(const BenchOptions& o) {
     j["pdl_early_metadata"] = o.pdl && o.pdl_early_metadata;
     j["program_warps"] = detail::cuda::program_warps_override();
     j["stream_chunk"] = detail::cuda::stream_chunk_override();
+    j["stream_rows"] = detail::cuda::stream_rows_override();
     j["stream_head"] = o.stream_head;
     j["stream_tail"] = o.stream_tail;
     j["timing"] = o.timing;
@@ -454,6 +456,10 @@ void add_bench(CLI::App& app, int& exit_code) {
                   "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16 "
                   "(16: kv rows read with the L2 evict-first policy)")
       ->check(CLI::IsMember({0, 8, 16}));
+  cmd->add_option("--stream-rows", o.stream_rows,
+                  "ratio-1 NVFP4 chunk-16 kernel's rows: 0 = the library's choice (default), 1 = cp.async, "
+                  "2 = TMA at any grid size")
+      ->check(CLI::IsMember({0, 1, 2}));
   cmd->add_option("--stream-head", o.stream_head,
                   "shape of the ratio-1 streaming grid, first tokens: W,C[;W,C] = parts of W x (resident warps) "
                   "warps of at most C tokens each (with --stream-head or --stream-tail the library's own shape is "
@@ -491,6 +497,7 @@ void add_bench(CLI::App& app, int& exit_code) {
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::set_program_warps_override(o.program_warps);
     detail::cuda::set_stream_chunk_override(o.stream_chunk);
+    detail::cuda::set_stream_rows_override(o.stream_rows);
     if (!o.stream_head.empty() || !o.stream_tail.empty()) {
       detail::cuda::StreamTaper tp;
       tp.set = true;

@@ -25,6 +25,7 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
       {"bench --workload decode1", nullptr},
       {"bench --stream-chunk 12", "--stream-chunk"},
       {"bench --ratio 3", "--ratio"},
+      {"bench --stream-rows 3", "--stream-rows"},
       {"bench --record plain_bf16", "--record"},
       // the grid-shape flags are parsed in CUDA builds only (a CPU build stops at --device cuda)
       {"bench --stream-tail '1,2;x'", built_with_cuda() ? "--stream-tail" : nullptr},
