@@ -618,102 +618,146 @@ __device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
   return sb;
 }
 
-// e2m1 codes (e2m1_quotient_code: sign bit 3, magnitude bits 0-2) of the two bf16 values packed
-// in `w` (even element in the low half): the low half's code in bits 0-3, the high half's in
-// bits 16-19. T2[k] = thr[k] (e2m1_thresholds of an e4m3 scale) as bf16 in both halves: those
-// products have at most 7 significant bits, so they are exact in bf16 (checked for every e4m3
-// scale by FastMathHost.E2m1ThresholdsAreExactInBf16), and bf16 values compare exactly in bf16:
-// the same three decisions as e2m1_quotient_code, two values per instruction, with selects by
-// the all-ones half masks of set.u32.bf16x2 (sm_90) instead of per-value predicates.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The three decisions of e2m1_quotient_code for two values at once (bf16x2): `ge` holds the |v|
-// bf16 patterns the two >= comparisons use, `gt` those of the > comparison (the same for bf16
-// values; e2m1_codes_f32x2 passes fp32 values' roundings down and up), `sgn` the signs at bits
-// 15 and 31. Codes at bits 0-3 and 16-19.
-__device__ __forceinline__ uint32_t e2m1_codes_bf16x2_abs(uint32_t ge, uint32_t gt, uint32_t sgn,
-                                                         const uint32_t (&T2)[7]) {
-  uint32_t m2, m1, m0;
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(ge), "r"(T2[3]));
-  const uint32_t t1 = (m2 & T2[5]) | (~m2 & T2[1]);
-  asm("set.ge.u32.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(ge), "r"(t1));
-  const uint32_t tl = (m2 & T2[4]) | (~m2 & T2[0]);
-  const uint32_t th = (m2 & T2[6]) | (~m2 & T2[2]);
-  const uint32_t t0 = (m1 & th) | (~m1 & tl);
-  asm("set.gt.u32.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(gt), "r"(t0));
-  return (m2 & 0x00040004u) | (m1 & 0x00020002u) | (m0 & 0x00010001u) | ((sgn >> 12) & 0x00080008u);
+// Packed e2m1 decisions (sm_90, bf16x2): the codes of e2m1_quotient_code for two values per
+// instruction, the threshold selects and the code assembly in bf16x2 arithmetic (the fma and
+// fp16 pipes) rather than logic (the alu pipe, which limited the 256K ratio-1 NVFP4 kernel: alu
+// 75% busy, math-pipe-throttle the largest stall after "not selected"; with the selects as
+// fmas 60%, session 14). Every constant below is c * sd for an e4m3 scale sd (<= 4 significant
+// bits) and a c of <= 4 significant bits, so it, and every sum the selects form, is exact in
+// bf16 (FastMathHost.E2m1SelectConstantsAreExactInBf16); bf16 values compare exactly in bf16.
+//
+// The decision constants of one tile (bf16 in both halves): the thresholds c * sd for c = 0.25,
+// 0.75, 1.75 and the differences the selects add (e2m1_thresholds: T0 .. T6 = 0.25, 0.75, 1.25,
+// 1.75, 2.5, 3.5, 5 times sd).
+struct E2m1Select {
+  uint32_t t0;   // T0 = 0.25 sd
+  uint32_t t1;   // T1 = 0.75 sd
+  uint32_t t3;   // T3 = 1.75 sd (the first decision)
+  uint32_t d40;  // T4 - T0 = 2.25 sd
+  uint32_t d51;  // T5 - T1 = 2.75 sd
+  uint32_t sd;   // T2 - T0 = sd
+  uint32_t dh;   // (T6 - T4) - (T2 - T0) = 1.5 sd
+};
+// The constants from the seven fp32 thresholds of e2m1_thresholds (host and tests: exact
+// differences of bf16-exact values).
+DSV41KV_HD E2m1Select e2m1_select_of(const float (&thr)[7]) {
+  auto b2 = [](float v) { return (num::f2u(v) >> 16) * 0x00010001u; };
+  return {b2(thr[0]),          b2(thr[1]),          b2(thr[3]),
+          b2(thr[4] - thr[0]), b2(thr[5] - thr[1]), b2(thr[2] - thr[0]),
+          b2((thr[6] - thr[4]) - (thr[2] - thr[0]))};
 }
-#endif
-DSV41KV_HD uint32_t e2m1_codes_bf16x2(uint32_t w, const uint32_t (&T2)[7]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t a = w & 0x7FFF7FFFu;  // |v| of both halves
-  return e2m1_codes_bf16x2_abs(a, a, w, T2);
-#else  // element-wise (older architectures, the host)
-  float thr[7];
-#pragma unroll
-  for (int k = 0; k < 7; ++k) thr[k] = num::u2f(T2[k] << 16);
-  return static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w << 16), thr)) |
-         (static_cast<uint32_t>(e2m1_quotient_code(num::u2f(w & 0xFFFF0000u), thr)) << 16);
-#endif
+// ... and back: the seven thresholds (the element-wise fallbacks).
+DSV41KV_HD void e2m1_select_thresholds(const E2m1Select& S, float (&thr)[7]) {
+  auto f = [](uint32_t b2) { return num::u2f(b2 << 16); };
+  thr[0] = f(S.t0);
+  thr[1] = f(S.t1);
+  thr[2] = f(S.t0) + f(S.sd);
+  thr[3] = f(S.t3);
+  thr[4] = f(S.t0) + f(S.d40);
+  thr[5] = f(S.t1) + f(S.d51);
+  thr[6] = thr[4] + (f(S.sd) + f(S.dh));
 }
-
-// The e2m1 decision thresholds of an e4m3 scale byte `sb` as bf16 pairs (T2 of
-// e2m1_codes_bf16x2): c_k * sd for c = 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5 (e2m1_thresholds), each
-// product computed in bf16x2 directly: c_k has at most 3 significant bits and sd = e4m3(sb) at
-// most 4, so the product (<= 7 bits, 2^-11 .. 2240) is exact in bf16 and equals the fp32
-// threshold, whose bf16 bits e2m1_codes_bf16x2 needs (one multiply per threshold instead of an
-// fp32 multiply, a shift and a duplication).
-DSV41KV_HD void e2m1_thresholds_bf16x2(uint8_t sb, uint32_t (&T2)[7]) {
-  constexpr uint32_t kC2[7] = {0x3E803E80u, 0x3F403F40u, 0x3FA03FA0u, 0x3FE03FE0u,
-                               0x40204020u, 0x40604060u, 0x40A040A0u};
+// The constants of the e4m3 scale byte `sb` (a finite, positive scale): on sm_90 six bf16x2
+// multiplies of sd (exact, see above) instead of fp32 products, shifts and duplications.
+DSV41KV_HD E2m1Select e2m1_select_bf16x2(uint8_t sb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t sd2 = (num::f2u(e4m3_decode_finite(sb)) >> 16) * 0x00010001u;
-#pragma unroll
-  for (int k = 0; k < 7; ++k) asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(T2[k]) : "r"(kC2[k]), "r"(sd2));
+  auto mul = [sd2](uint32_t c2) {
+    uint32_t r;
+    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(c2), "r"(sd2));
+    return r;
+  };
+  return {mul(0x3E803E80u), mul(0x3F403F40u), mul(0x3FE03FE0u), mul(0x40104010u),
+          mul(0x40304030u), sd2,              mul(0x3FC03FC0u)};
 #else
-  (void)kC2;
   float thr[7];
   e2m1_thresholds(e4m3_decode_finite(sb), thr);
-  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+  return e2m1_select_of(thr);
 #endif
 }
 
-// e2m1 codes of two finite fp32 values a (low half) and b (high half), as e2m1_codes_bf16x2 does
-// for bf16 values: the thresholds T2 are exact in bf16, so for a non-negative fp32 x,
-// x >= T  <=>  down(x) >= T  and  x > T  <=>  up(x) > T, with down / up the bf16 values next to x
-// below and above (T is itself one of the bf16 values, and both roundings are monotone): the two
-// >= decisions compare |x| truncated to bf16, the > decision |x| rounded up (bits + 0xFFFF, then
-// the high half; finite x, so at most +Inf). The same decisions as e2m1_quotient_code in fp32.
-DSV41KV_HD uint32_t e2m1_codes_f32x2(float a, float b, const uint32_t (&T2)[7]) {
+// The raw code word of two values: each half the bf16 pattern of 128 + n, n = the value's e2m1
+// code (e2m1_quotient_code: magnitude bits 0-2, sign bit 3), so n sits in bits 0-3 (low half)
+// and 16-19 (high half), bits 4-7 and 20-23 are zero and bits 8-15, 24-31 hold 0x43
+// (e2m1_pack8_raw takes the low byte of each half).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `ge`: the |v| bf16 patterns the two >= decisions compare, `gt` those of the > decision (the
+// same for bf16 values; e2m1_raw_f32x2 passes fp32 values' roundings down and up); `sgn`: the
+// values' signs at bits 15 and 31. Decisions as 1.0 / 0.0 (set.*.bf16x2), selects
+// t = fma(m, T_hi - T_lo, T_lo), the magnitude code as 128 + m0 + 2 m1 + 4 m2 (its bits 3-7 are
+// zero), then the sign bit: the same three decisions as e2m1_quotient_code (|v| >= T3; >= T5 or
+// T1; > T6, T4, T2 or T0).
+__device__ __forceinline__ uint32_t e2m1_raw_abs(uint32_t ge, uint32_t gt, uint32_t sgn, const E2m1Select& S) {
+  uint32_t m2, m1, m0, t1, tl, dhl, t0, c;
+  asm("set.ge.bf16x2.bf16x2 %0, %1, %2;" : "=r"(m2) : "r"(ge), "r"(S.t3));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(t1) : "r"(m2), "r"(S.d51), "r"(S.t1));  // T5 or T1
+  asm("set.ge.bf16x2.bf16x2 %0, %1, %2;" : "=r"(m1) : "r"(ge), "r"(t1));
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(tl) : "r"(m2), "r"(S.d40), "r"(S.t0));   // T4 or T0
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(dhl) : "r"(m2), "r"(S.dh), "r"(S.sd));   // T6-T4 or T2-T0
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(t0) : "r"(m1), "r"(dhl), "r"(tl));       // T6, T4, T2 or T0
+  asm("set.gt.bf16x2.bf16x2 %0, %1, %2;" : "=r"(m0) : "r"(gt), "r"(t0));
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(c) : "r"(m0), "r"(0x43004300u));                 // 128 + m0
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(c) : "r"(m1), "r"(0x40004000u), "r"(c));     // + 2 m1
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(c) : "r"(m2), "r"(0x40804080u), "r"(c));     // + 4 m2
+  return c | ((sgn >> 12) & 0x00080008u);
+}
+#endif
+DSV41KV_HD uint32_t e2m1_raw_of_codes(uint32_t lo, uint32_t hi) { return (0x4300u + lo) | ((0x4300u + hi) << 16); }
+// The raw code word of the two bf16 values packed in `w` (even element in the low half).
+DSV41KV_HD uint32_t e2m1_raw_bf16x2(uint32_t w, const E2m1Select& S) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t a = w & 0x7FFF7FFFu;  // |v| of both halves (the writer's amax computes it too)
+  return e2m1_raw_abs(a, a, w, S);
+#else  // element-wise (older architectures, the host)
+  float thr[7];
+  e2m1_select_thresholds(S, thr);
+  return e2m1_raw_of_codes(e2m1_quotient_code(num::u2f(w << 16), thr),
+                           e2m1_quotient_code(num::u2f(w & 0xFFFF0000u), thr));
+#endif
+}
+
+// The raw code word of two finite fp32 values a (low half) and b (high half), as
+// e2m1_raw_bf16x2 does for bf16 values: the thresholds are exact in bf16, so for a non-negative
+// fp32 x, x >= T  <=>  down(x) >= T  and  x > T  <=>  up(x) > T, with down / up the bf16 values
+// next to x below and above (T is itself one of the bf16 values, and both roundings are
+// monotone): the two >= decisions compare |x| truncated to bf16, the > decision |x| rounded up
+// (bits + 0xFFFF, then the high half; finite x, so at most +Inf). The same decisions as
+// e2m1_quotient_code in fp32.
+DSV41KV_HD uint32_t e2m1_raw_f32x2(float a, float b, const E2m1Select& S) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t ua = num::f2u(a), ub = num::f2u(b);
   const uint32_t hi = __byte_perm(ua, ub, 0x7632);  // sign and truncated |x| of both
   const uint32_t dn = hi & 0x7FFF7FFFu;
   const uint32_t up = __byte_perm((ua & 0x7FFFFFFFu) + 0xFFFFu, (ub & 0x7FFFFFFFu) + 0xFFFFu, 0x7632);
-  return e2m1_codes_bf16x2_abs(dn, up, hi, T2);
+  return e2m1_raw_abs(dn, up, hi, S);
 #else
   float thr[7];
-#pragma unroll
-  for (int k = 0; k < 7; ++k) thr[k] = num::u2f(T2[k] << 16);
-  return static_cast<uint32_t>(e2m1_quotient_code(a, thr)) |
-         (static_cast<uint32_t>(e2m1_quotient_code(b, thr)) << 16);
+  e2m1_select_thresholds(S, thr);
+  return e2m1_raw_of_codes(e2m1_quotient_code(a, thr), e2m1_quotient_code(b, thr));
 #endif
 }
 
-// Eight e2m1 codes in record order from four e2m1_codes_bf16x2 results c[b] (code of value 2b in
-// bits 0-3, of value 2b+1 in bits 16-19): byte b = code(2b) | code(2b+1) << 4. Two pairs share
-// one word (c[0] | c[1] << 8: codes at nibbles 0, 2, 4, 6), the high codes move down next to the
-// low ones (x | x >> 12), and one byte permutation joins the two halves: 7 instructions for 8
-// values instead of 4 per pair.
-// `sel`: the final byte permutation; 0x1054 instead of 0x5410 puts the second four values' codes
-// in the low half (the rotated writer reads of RowRotated).
-DSV41KV_HD uint32_t e2m1_pack8(const uint32_t (&c)[4], uint32_t sel = 0x5410u) {
-  const uint32_t x01 = c[0] | (c[1] << 8), x23 = c[2] | (c[3] << 8);
-  const uint32_t y01 = x01 | (x01 >> 12), y23 = x23 | (x23 >> 12);
+// __byte_perm on the host (the tests' and the host fallbacks' form).
+DSV41KV_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
 #if defined(__CUDA_ARCH__)
-  return __byte_perm(y01, y23, sel);
+  return __byte_perm(x, y, s);
 #else
-  return sel == 0x5410u ? (y01 & 0xFFFFu) | (y23 << 16) : (y23 & 0xFFFFu) | (y01 << 16);
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int k = 0; k < 4; ++k) r |= static_cast<uint32_t>((v >> (8 * ((s >> (4 * k)) & 7u))) & 0xFFu) << (8 * k);
+  return r;
 #endif
+}
+// Eight e2m1 codes in record order from four raw code words c[b] (values 2b, 2b+1): byte b =
+// code(2b) | code(2b+1) << 4. One byte permutation per two words gathers their four codes (the
+// halves' low bytes), x + (x >> 4) puts codes 2k+1 next to 2k in bytes 0 and 2, and one more
+// permutation joins the two: 5 instructions for 8 values.
+// `sel`: the final permutation; 0x2064 instead of 0x6420 puts the second four values' codes in
+// the low half (the rotated writer reads of RowRotated).
+DSV41KV_HD uint32_t e2m1_pack8_raw(const uint32_t (&c)[4], uint32_t sel = 0x6420u) {
+  const uint32_t p01 = byte_perm(c[0], c[1], 0x6420u), p23 = byte_perm(c[2], c[3], 0x6420u);
+  // (+ rather than |: the two terms' bits are disjoint, and ptxas makes the sum one LEA.HI)
+  return byte_perm(p01 + (p01 >> 4), p23 + (p23 >> 4), sel);
 }
 
 // Writes the record of one state (slot already bounded) cooperatively: thread gt of the
@@ -834,7 +878,7 @@ __device__ __forceinline__ void write_v4_warp(const CacheDst& c, int64_t page, i
 
 // The NVFP4 record of one state written by one warp in the writer layout E = 16 (the streaming
 // kernel), the way write_v4_warp does V4: lanes 0-27 quantise their NoPE tile (dims 16l..16l+15,
-// whose values are the bf16 latent itself, `lw` packed two per word) with e2m1_codes_bf16x2, and
+// whose values are the bf16 latent itself, `lw` packed two per word) with e2m1_raw_bf16x2, and
 // every lane l quantises the RoPE pair l it rotated (q0, q1: dims 448 + 2l, 449 + 2l; RoPE tile
 // 28 + l/8 spans 8 lanes, reduced with shuffles) and stores its one value byte. Replaces
 // write_record_at<kNv, 16>, where lanes 28-31 first gathered 16 rotated values with 16 shuffles
@@ -843,10 +887,10 @@ __device__ __forceinline__ void write_v4_warp(const CacheDst& c, int64_t page, i
 // All 32 lanes must call it (shuffles).
 // write_nv_warp_at: the same with the record's value and scale addresses already computed.
 // rot: the lane's rotation r of its four 4-value chunks (RowRotated: lw[2c], lw[2c+1] hold dims
-// 16 lane + 4 (c ^ r) .. + 3), given as the pack selector of r & 1 (e2m1_pack8) and r & 2; 0 for
+// 16 lane + 4 (c ^ r) .. + 3), given as the pack selector of r & 1 (e2m1_pack8_raw) and r & 2; 0 for
 // dims in order.
 struct NvRot {
-  uint32_t sel = 0x5410u;  // e2m1_pack8 selector: 0x1054 when r & 1
+  uint32_t sel = 0x6420u;  // e2m1_pack8_raw selector: 0x2064 when r & 1
   bool swap = false;       // r & 2: the two code words change places
 };
 // kAligned8: `val` is 8-byte aligned (the caller checked the cache's base and page stride), so
@@ -864,14 +908,13 @@ __device__ __forceinline__ void write_nv_warp_at(uint8_t* val, uint8_t* sc, int 
     uint8_t sb = 0x7F;
     if (bits_finite(mb)) {
       sb = nv_tile_scale_byte(num::u2f(mb));
-      uint32_t T2[7];
-      e2m1_thresholds_bf16x2(sb, T2);
+      const E2m1Select S = e2m1_select_bf16x2(sb);
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
         uint32_t cc[4];
 #pragma unroll
-        for (int b = 0; b < 4; ++b) cc[b] = e2m1_codes_bf16x2(lw[4 * k + b], T2);
-        out[k] = e2m1_pack8(cc, rot.sel);
+        for (int b = 0; b < 4; ++b) cc[b] = e2m1_raw_bf16x2(lw[4 * k + b], S);
+        out[k] = e2m1_pack8_raw(cc, rot.sel);
       }
     }
     if (rot.swap) {
@@ -888,12 +931,10 @@ __device__ __forceinline__ void write_nv_warp_at(uint8_t* val, uint8_t* sc, int 
   uint32_t byte = 0;
   uint8_t sb = 0x7F;
   if (bits_finite(mb)) {
-    // both values' decisions in bf16x2 (e2m1_codes_f32x2) rather than two scalar ones
+    // both values' decisions in bf16x2 (e2m1_raw_f32x2) rather than two scalar ones
     sb = nv_tile_scale_byte(num::u2f(mb));
-    uint32_t T2[7];
-    e2m1_thresholds_bf16x2(sb, T2);
-    const uint32_t c = e2m1_codes_f32x2(q0, q1, T2);
-    byte = (c | (c >> 12)) & 0xFFu;
+    const uint32_t c = e2m1_raw_f32x2(q0, q1, e2m1_select_bf16x2(sb));
+    byte = (c & 0x0Fu) | ((c >> 12) & 0xF0u);
   }
   val[kNopeDim / 2 + lane] = static_cast<uint8_t>(byte);
   if (lane % 8 == 0) sc[kNopeDim / 16 + lane / 8] = sb;

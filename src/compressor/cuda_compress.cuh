@@ -426,7 +426,7 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
         num::rope_forward(xr0, xr1, rc, rsn, q0, q1);
         NvRot rot;
         if constexpr (Pooled::kRotated) {
-          rot.sel = (pooled.rx & 16u) ? 0x1054u : 0x5410u;
+          rot.sel = (pooled.rx & 16u) ? 0x2064u : 0x6420u;
           rot.swap = (pooled.rx & 32u) != 0;
         }
         if constexpr (Rec::kPtr) write_nv_warp_at<Pooled::kRotated>(rec.val, rec.val + rec.sc_off, lane, lw, q0, q1, rot);

@@ -6,11 +6,11 @@
 //     2^24 values per scale (all magnitudes of 8 binades around sd, both signs) plus the exact
 //     neighbourhoods of every threshold;
 //   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values;
-//   * e2m1_codes_bf16x2 (packed bf16 decisions, sm_90) vs e2m1_quotient_code: every positive
-//     e4m3 scale and every finite bf16 pattern in each half (64 pairings per low pattern; the
-//     halves are decided independently);
-//   * e2m1_thresholds_bf16x2 (mul.rn.bf16x2) vs the fp32 thresholds' bf16 bits for every
-//     positive e4m3 scale, and e2m1_pack8 (byte permutation) vs the per-pair shifts and masks.
+//   * e2m1_raw_bf16x2 (packed bf16 decisions in bf16x2 arithmetic, sm_90) vs e2m1_quotient_code:
+//     every positive e4m3 scale and every finite bf16 pattern in each half (64 pairings per low
+//     pattern; the halves are decided independently), and e2m1_raw_f32x2 likewise for fp32 pairs;
+//   * e2m1_select_bf16x2 (mul.rn.bf16x2) vs the constants of the fp32 thresholds for every
+//     positive e4m3 scale, and e2m1_pack8_raw (byte permutations) vs the per-pair shifts and masks.
 // Plus host-side versions of the last two (they also run without a GPU).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -140,8 +140,7 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
   const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
   float thr[7];
   e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
-  uint32_t T2[7];
-  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+  const E2m1Select S = e2m1_select_of(thr);
   const uint32_t lo_pat = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
   if (lo_pat > 0xFFFFu) return;
   for (uint32_t j = 0; j < 64; ++j) {
@@ -149,16 +148,15 @@ __global__ void e2m1_bf16x2_kernel(unsigned long long* mismatches, uint32_t* fir
     const uint32_t w = (hi_pat << 16) | lo_pat;
     const float lo = num::u2f(lo_pat << 16), hi = num::u2f(hi_pat << 16);
     if (!num::is_finite(lo) || !num::is_finite(hi)) continue;  // the writer quantises finite tiles only
-    const uint32_t want = static_cast<uint32_t>(e2m1_quotient_code(lo, thr)) |
-                          (static_cast<uint32_t>(e2m1_quotient_code(hi, thr)) << 16);
-    if (e2m1_codes_bf16x2(w, T2) != want) {
+    const uint32_t want = e2m1_raw_of_codes(e2m1_quotient_code(lo, thr), e2m1_quotient_code(hi, thr));
+    if (e2m1_raw_bf16x2(w, S) != want) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first_w, w);
     }
   }
 }
 
-// e2m1_codes_f32x2 (fp32 values compared with the bf16 thresholds through their bf16 roundings
+// e2m1_raw_f32x2 (fp32 values compared with the bf16 thresholds through their bf16 roundings
 // down and up) against e2m1_quotient_code of each value: every bf16 pattern as the high half of
 // the first value with low halves 0 (exactly a bf16 value, e.g. a threshold), 1, 0x7FFF, 0x8000,
 // 0xFFFF and two others (just above a bf16 value, between, just below the next), paired with a
@@ -167,8 +165,7 @@ __global__ void e2m1_f32x2_kernel(unsigned long long* mismatches, uint32_t* firs
   const int sb = 1 + static_cast<int>(blockIdx.y);  // 0x01..0x7E
   float thr[7];
   e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
-  uint32_t T2[7];
-  for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+  const E2m1Select S = e2m1_select_of(thr);
   const uint32_t hi_a = blockIdx.x * blockDim.x + threadIdx.x;  // 0 .. 65535
   if (hi_a > 0xFFFFu) return;
   constexpr uint32_t kLow[7] = {0u, 1u, 0x7FFFu, 0x8000u, 0xFFFFu, 0x1234u, 0xC001u};
@@ -177,9 +174,8 @@ __global__ void e2m1_f32x2_kernel(unsigned long long* mismatches, uint32_t* firs
     const uint32_t ub = (((hi_a * 40503u + j * 1021u) & 0xFFFFu) << 16) | kLow[6 - j];
     const float a = num::u2f(ua), b = num::u2f(ub);
     if (!num::is_finite(a) || !num::is_finite(b)) continue;  // the writer quantises finite tiles only
-    const uint32_t want = static_cast<uint32_t>(e2m1_quotient_code(a, thr)) |
-                          (static_cast<uint32_t>(e2m1_quotient_code(b, thr)) << 16);
-    if (e2m1_codes_f32x2(a, b, T2) != want) {
+    const uint32_t want = e2m1_raw_of_codes(e2m1_quotient_code(a, thr), e2m1_quotient_code(b, thr));
+    if (e2m1_raw_f32x2(a, b, S) != want) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first_a, ua);
     }
@@ -201,41 +197,42 @@ __global__ void reciprocal_kernel(unsigned long long* mismatches, uint32_t* firs
   }
 }
 
-// The packing e2m1_pack8 replaced (the tests' reference): byte b = code(2b) | code(2b+1) << 4 of
-// code word c[b] (codes in bits 0-3 and 16-19), pair by pair with shifts and masks.
+// The packing e2m1_pack8_raw stands for (the tests' reference): byte b = code(2b) | code(2b+1) << 4
+// of raw code word c[b] (codes in bits 0-3 and 16-19), pair by pair with shifts and masks.
 DSV41KV_HD uint32_t pack8_per_pair(const uint32_t (&c)[4]) {
   uint32_t want = 0;
   for (int b = 0; b < 4; ++b) want |= ((c[b] & 0xFu) | ((c[b] >> 12) & 0xF0u)) << (8 * b);
   return want;
 }
+DSV41KV_HD bool select_equal(const E2m1Select& a, const E2m1Select& b) {
+  return a.t0 == b.t0 && a.t1 == b.t1 && a.t3 == b.t3 && a.d40 == b.d40 && a.d51 == b.d51 && a.sd == b.sd &&
+         a.dh == b.dh;
+}
 
-// The bf16x2 threshold products (mul.rn.bf16x2 on sm_90) against the fp32 thresholds' bf16
-// bits for every positive e4m3 scale byte, and e2m1_pack8 (byte permutation) against the
-// per-pair shifts and masks it replaced on pseudo-random code words (thread x, 4096 each).
+// The bf16x2 decision constants (mul.rn.bf16x2 on sm_90) against those of the fp32 thresholds for
+// every positive e4m3 scale byte, and e2m1_pack8_raw (byte permutations) against the per-pair
+// shifts and masks on pseudo-random raw code words (thread x, 4096 each).
 __global__ void nv_pack_kernel(unsigned long long* mismatches, uint32_t* first) {
   const uint32_t tid = blockIdx.x * blockDim.x + threadIdx.x;
   if (tid >= 1 && tid <= 0x7E) {
     const auto sb = static_cast<uint8_t>(tid);
     float thr[7];
     e2m1_thresholds(num::e4m3_decode(sb), thr);
-    uint32_t T2[7];
-    e2m1_thresholds_bf16x2(sb, T2);
-    for (int k = 0; k < 7; ++k)
-      if (T2[k] != (num::f2u(thr[k]) >> 16) * 0x00010001u) {
-        atomicAdd(mismatches, 1ull);
-        atomicMin(first, tid);
-      }
+    if (!select_equal(e2m1_select_bf16x2(sb), e2m1_select_of(thr))) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first, tid);
+    }
   }
   uint32_t x = tid * 2654435761u + 12345u;
   for (int j = 0; j < 4096; ++j) {
     uint32_t c[4];
     for (int b = 0; b < 4; ++b) {
       x = x * 1664525u + 1013904223u;
-      c[b] = (x >> 8) & 0x000F000Fu;  // codes in bits 0-3 and 16-19, as e2m1_codes_bf16x2
+      c[b] = e2m1_raw_of_codes((x >> 8) & 0xFu, (x >> 20) & 0xFu);  // raw words, as e2m1_raw_bf16x2
     }
     const uint32_t swapped[4] = {c[2], c[3], c[0], c[1]};
     const uint32_t p = pack8_per_pair(c), ps = pack8_per_pair(swapped);
-    if (e2m1_pack8(c) != p || e2m1_pack8(swapped, 0x1054u) != ((ps >> 16) | (ps << 16))) {
+    if (e2m1_pack8_raw(c) != p || e2m1_pack8_raw(swapped, 0x2064u) != ((ps >> 16) | (ps << 16))) {
       atomicAdd(mismatches, 1ull);
       atomicMin(first, 0x80000000u | tid);
     }
@@ -384,35 +381,46 @@ TEST(FastMathHost, E2m1WithoutDivisionEqualsDivisionNearThresholds) {
   EXPECT_EQ(bad, 0);
 }
 
-// e2m1_codes_bf16x2 relies on every threshold of every e4m3 scale being exact in bf16.
-TEST(FastMathHost, E2m1ThresholdsAreExactInBf16) {
+// e2m1_raw_bf16x2 relies on every threshold of every e4m3 scale, every difference its selects
+// add and every sum they form being exact in bf16 (then the bf16x2 fmas select exactly).
+TEST(FastMathHost, E2m1SelectConstantsAreExactInBf16) {
+  auto exact = [](float v) { return (num::f2u(v) & 0xFFFFu) == 0u && num::is_finite(v); };
   for (int sb = 1; sb <= 0x7E; ++sb) {
     float thr[7];
     e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
     for (int k = 0; k < 7; ++k) {
-      EXPECT_EQ(num::f2u(thr[k]) & 0xFFFFu, 0u) << "scale byte " << sb << " threshold " << k;
-      EXPECT_TRUE(num::is_finite(thr[k]) && thr[k] > 0.0f);
+      EXPECT_TRUE(exact(thr[k])) << "scale byte " << sb << " threshold " << k;
+      EXPECT_GT(thr[k], 0.0f);
     }
+    const float d40 = thr[4] - thr[0], d51 = thr[5] - thr[1], sd = thr[2] - thr[0];
+    const float dh = (thr[6] - thr[4]) - sd, dhl = sd + dh;
+    for (float v : {d40, d51, sd, dh, dhl}) EXPECT_TRUE(exact(v)) << "scale byte " << sb << " difference " << v;
+    // the selects' sums are the thresholds themselves
+    EXPECT_EQ(thr[0] + d40, thr[4]);
+    EXPECT_EQ(thr[1] + d51, thr[5]);
+    EXPECT_EQ(thr[4] + dhl, thr[6]);
+    float back[7];
+    e2m1_select_thresholds(e2m1_select_of(thr), back);
+    for (int k = 0; k < 7; ++k) EXPECT_EQ(back[k], thr[k]) << "scale byte " << sb << " threshold " << k;
   }
 }
 
-// The element-wise form of e2m1_codes_bf16x2 (what builds below sm_90 and the host run), against
+// The element-wise form of e2m1_raw_bf16x2 (what builds below sm_90 and the host run), against
 // the division it stands for (e2m1_encode(div_rn(v, sd))) on every finite bf16 pattern per half.
 TEST(FastMathHost, E2m1PackedBf16FallbackEqualsScalar) {
   int64_t bad = 0;
   for (int sb = 1; sb <= 0x7E; sb += 5) {
     float thr[7];
     e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
-    uint32_t T2[7];
-    for (int k = 0; k < 7; ++k) T2[k] = (num::f2u(thr[k]) >> 16) * 0x00010001u;
+    const E2m1Select S = e2m1_select_bf16x2(static_cast<uint8_t>(sb));
     for (uint32_t lo = 0; lo <= 0xFFFFu; ++lo) {
       const uint32_t hi = (lo * 40503u + 7u) & 0xFFFFu;
       const float flo = num::u2f(lo << 16), fhi = num::u2f(hi << 16);
       if (!num::is_finite(flo) || !num::is_finite(fhi)) continue;
       const float sd = num::e4m3_decode(static_cast<uint8_t>(sb));
-      const uint32_t want = static_cast<uint32_t>(num::e2m1_encode(num::div_rn(flo, sd))) |
-                            (static_cast<uint32_t>(num::e2m1_encode(num::div_rn(fhi, sd))) << 16);
-      if (e2m1_codes_bf16x2((hi << 16) | lo, T2) != want) ++bad;
+      const uint32_t want = e2m1_raw_of_codes(num::e2m1_encode(num::div_rn(flo, sd)),
+                                              num::e2m1_encode(num::div_rn(fhi, sd)));
+      if (e2m1_raw_bf16x2((hi << 16) | lo, S) != want) ++bad;
     }
   }
   EXPECT_EQ(bad, 0);
@@ -421,30 +429,34 @@ TEST(FastMathHost, E2m1PackedBf16FallbackEqualsScalar) {
 TEST(FastMathHost, NibblePackingEqualsPerPairShifts) {
   // every code word of pair b alone (the others zero), then pseudo-random combinations
   int64_t bad = 0;
-  auto check = [&](const uint32_t (&c)[4]) { bad += e2m1_pack8(c) != pack8_per_pair(c); };
+  auto check = [&](const uint32_t (&c)[4]) {
+    const uint32_t swapped[4] = {c[2], c[3], c[0], c[1]};
+    const uint32_t ps = pack8_per_pair(swapped);
+    bad += e2m1_pack8_raw(c) != pack8_per_pair(c);
+    bad += e2m1_pack8_raw(swapped, 0x2064u) != ((ps >> 16) | (ps << 16));
+  };
+  uint32_t zero = e2m1_raw_of_codes(0, 0);
   for (int b = 0; b < 4; ++b)
     for (uint32_t lo = 0; lo < 16; ++lo)
       for (uint32_t hi = 0; hi < 16; ++hi) {
-        uint32_t c[4] = {0, 0, 0, 0};
-        c[b] = lo | (hi << 16);
+        uint32_t c[4] = {zero, zero, zero, zero};
+        c[b] = e2m1_raw_of_codes(lo, hi);
         check(c);
       }
   Rng rng(run_seed());
   for (int i = 0; i < 200000; ++i) {
     uint32_t c[4];
     for (auto& v : c)
-      v = static_cast<uint32_t>(rng.integer(0, 15)) | (static_cast<uint32_t>(rng.integer(0, 15)) << 16);
+      v = e2m1_raw_of_codes(static_cast<uint32_t>(rng.integer(0, 15)), static_cast<uint32_t>(rng.integer(0, 15)));
     check(c);
   }
   EXPECT_EQ(bad, 0);
-  // host form of the bf16x2 threshold products: the fp32 thresholds' bf16 bits (the device
-  // form, mul.rn.bf16x2, is checked by FastMathGpu.NvfpThresholdProducts...)
+  // host form of the decision constants: those of the fp32 thresholds (the device form,
+  // mul.rn.bf16x2, is checked by FastMathGpu.NvfpThresholdProducts...)
   for (int sb = 1; sb <= 0x7E; ++sb) {
     float thr[7];
     e2m1_thresholds(num::e4m3_decode(static_cast<uint8_t>(sb)), thr);
-    uint32_t T2[7];
-    e2m1_thresholds_bf16x2(static_cast<uint8_t>(sb), T2);
-    for (int k = 0; k < 7; ++k) EXPECT_EQ(T2[k], (num::f2u(thr[k]) >> 16) * 0x00010001u) << "scale byte " << sb;
+    EXPECT_TRUE(select_equal(e2m1_select_bf16x2(static_cast<uint8_t>(sb)), e2m1_select_of(thr))) << "scale byte " << sb;
   }
 }
 
