@@ -197,8 +197,8 @@ inline StreamSplitR1 stream_split_r1(int64_t N, int64_t C, int64_t fit, const St
 // The shape the launcher gives a ratio-1 grid of N tokens in chunks of C with `fit` resident
 // blocks (host, compressor_cuda.cu): the bench / test override when one is set
 // (set_stream_taper_override), otherwise, on grids of at least two waves of one chunk per warp,
-// a tapered tail (half a wave of warps of at most 4 tokens, one wave of 2, a quarter wave of 1),
-// else none.
+// a tapered tail (chunk 8: half a wave of warps of at most 4 tokens, one wave of 2, a quarter
+// wave of 1; chunk 16: half a wave of 8, half of 4, a quarter of 2), else none.
 StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit);
 
 // Tokens [lo, hi) of warp w: the last segment that starts at or before w.

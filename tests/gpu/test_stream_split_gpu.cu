@@ -143,8 +143,9 @@ TEST(StreamSplitHost, ShapedGridsCoverEveryTokenOnce) {
 }
 
 // The launcher's shape (stream_shape_r1): the tapered tail on grids of at least two waves of one
-// chunk per warp (in waves of the resident warps: half a wave of 4, one of 2, a quarter of 1),
-// none below; an override replaces it, its parts with a chunk >= C left out.
+// chunk per warp (in waves of the resident warps: chunk 8, half a wave of 4, one of 2, a quarter
+// of 1; chunk 16, half a wave of 8, half of 4, a quarter of 2), none below; an override
+// replaces it, its parts with a chunk >= C left out.
 TEST(StreamSplitHost, LauncherShapes) {
   struct Restore {
     ~Restore() { detail::cuda::set_stream_taper_override({}); }
@@ -153,10 +154,11 @@ TEST(StreamSplitHost, LauncherShapes) {
     const StreamShape s = stream_shape_r1(262144, C, 924);
     ASSERT_EQ(s.nhead, 0);
     ASSERT_EQ(s.ntail, 3);
-    const int64_t warps[3] = {1848, 3696, 924}, chunks[3] = {4, 2, 1};
+    const int64_t warps8[3] = {1848, 3696, 924}, chunks8[3] = {4, 2, 1};
+    const int64_t warps16[3] = {1848, 1848, 924}, chunks16[3] = {8, 4, 2};
     for (int k = 0; k < 3; ++k) {
-      EXPECT_EQ(s.tail[k].warps, warps[k]) << "C " << C << ", part " << k;
-      EXPECT_EQ(s.tail[k].chunk, chunks[k]) << "C " << C << ", part " << k;
+      EXPECT_EQ(s.tail[k].warps, C == 8 ? warps8[k] : warps16[k]) << "C " << C << ", part " << k;
+      EXPECT_EQ(s.tail[k].chunk, C == 8 ? chunks8[k] : chunks16[k]) << "C " << C << ", part " << k;
     }
   }
   // two waves of one chunk per warp: 2 * 924 blocks of 4 warps of 8 tokens
