@@ -447,8 +447,10 @@ void add_bench(CLI::App& app, int& exit_code) {
       ->check(CLI::IsMember({"decode256", "prefill32k", "prefill256k"}));
   cmd->add_option("--ratio", o.only_ratio, "run one compress ratio only (1 or 2; default both)")
       ->check(CLI::IsMember({1, 2}));
-  cmd->add_option("--record", o.only_record, "run one record format only (v4_584, mxfp8_528, nvfp4_288)")
-      ->check(CLI::IsMember({"v4_584", "mxfp8_528", "nvfp4_288"}));
+  std::vector<std::string> record_names;
+  for (RecordFormat f : kBenchFormats) record_names.emplace_back(record_info(f).name);
+  cmd->add_option("--record", o.only_record, "run one record format only (default all)")
+      ->check(CLI::IsMember(record_names));
   cmd->add_option("--program-warps", o.program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));

@@ -159,19 +159,15 @@ StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit) {
       if (tp.head_chunk[k] < C) shape.head[shape.nhead++] = part(tp.head_waves[k], tp.head_chunk[k]);
     for (int k = 0; k < tp.ntail; ++k)
       if (tp.tail_chunk[k] < C) shape.tail[shape.ntail++] = part(tp.tail_waves[k], tp.tail_chunk[k]);
-  } else if ((N + 4 * C - 1) / (4 * C) >= 2 * fit && C >= kChunkSmall) {
+  } else if ((N + 4 * C - 1) / (4 * C) >= 2 * fit) {
     // chunk-16 grids (the ratio-1 NVFP4 kernel): half a wave of 8, half of 4, a quarter of 2
     // (256K, same call, session 14 call 6: 159.4-159.6 -> 158.8-158.9 us with the TMA kernel;
-    // session 13: 166.3-166.8 -> 165.3-165.7)
+    // session 13: 166.3-166.8 -> 165.3-165.7); chunk 8: the shape measured above
+    const bool c16 = C >= kChunkSmall;
     shape.ntail = 3;
-    shape.tail[0] = part(0.5, 8);
-    shape.tail[1] = part(0.5, 4);
-    shape.tail[2] = part(0.25, 2);
-  } else if ((N + 4 * C - 1) / (4 * C) >= 2 * fit) {
-    shape.ntail = 3;
-    shape.tail[0] = part(0.5, 4);
-    shape.tail[1] = part(1.0, 2);
-    shape.tail[2] = part(0.25, 1);
+    shape.tail[0] = part(0.5, c16 ? 8 : 4);
+    shape.tail[1] = part(c16 ? 0.5 : 1.0, c16 ? 4 : 2);
+    shape.tail[2] = part(0.25, c16 ? 2 : 1);
   }
   return shape;
 }
