@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cuda_bench.hpp"
+#include "bench/cuda/timing.hpp"
 #include "dsv41kv/records.hpp"
 #include "traffic_kernels.hpp"
 

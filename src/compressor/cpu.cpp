@@ -23,7 +23,7 @@
 
 #include "compressor/backend.hpp"
 #include "compressor/compress_math.hpp"
-#include "compressor/parallel.hpp"
+#include "core/parallel.hpp"
 
 namespace dsv41kv::detail::cpu {
 namespace {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "compressor/parallel.hpp"
+#include "core/parallel.hpp"
 #include "compressor/validate.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"

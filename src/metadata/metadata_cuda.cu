@@ -4,7 +4,7 @@
 // it is dereferenced and an out-of-range value yields -1 (token_to_req: 0) instead of an error,
 // because the host cannot read device values without a synchronisation (backend.hpp). For
 // valid inputs every output is bit-identical to the CPU builders.
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 #include "metadata/backend.hpp"
 
 namespace dsv41kv::detail::cuda {

@@ -11,7 +11,7 @@
 #include <map>
 #include <vector>
 
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/pcp_cuda.hpp"
 #include "dsv41kv/pcp_step_cuda.hpp"

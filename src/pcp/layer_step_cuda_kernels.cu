@@ -1,6 +1,6 @@
 // The one kernel of the device PCP step (layer_step_cuda.cpp): the last kv_score rows of this
 // rank's local requests, gathered into the send buffer of the rows all-gather (SPEC 7.5).
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 #include "dsv41kv/records.hpp"
 
 namespace dsv41kv::pcp {

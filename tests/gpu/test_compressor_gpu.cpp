@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "compressor/cuda_tuning.hpp"
+#include "compressor/cuda/tuning.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "gpu/gpu_batch.hpp"
 

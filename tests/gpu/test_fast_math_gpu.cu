@@ -15,7 +15,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include "compressor/cuda_common.cuh"
+#include "compressor/cuda/pool_fast.cuh"
+#include "formats/cuda/record_writers.cuh"
 #include "gpu/gpu_util.hpp"
 
 namespace dsv41kv::test {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "gpu/gpu_batch.hpp"
 

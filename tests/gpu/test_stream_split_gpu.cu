@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "compressor/cuda_kernels.hpp"
-#include "compressor/cuda_tuning.hpp"
+#include "compressor/cuda/params.hpp"
+#include "compressor/cuda/tuning.hpp"
 
 namespace dsv41kv::test {
 namespace {

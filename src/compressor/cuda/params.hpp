@@ -1,8 +1,8 @@
-// Launch interface of the CUDA compressor kernels: flat parameter structs (device pointers and
-// sizes already validated and bounded on the host) and one launcher per kernel family. The
-// kernel templates live in cuda_compress.cuh / insert_cuda.cu; each record format is
-// instantiated in its own translation unit (compress_cuda_<format>.cu) to keep nvcc's work per
-// file small.
+// Launch interface of the fused compress (+ insert) kernels: the flat parameter struct (device
+// pointers and sizes already validated and bounded on the host), the ratio-1 streaming grid's work
+// split, and the launcher. The kernels live in stream_kernel.cuh / decode_kernel.cuh, the launch
+// heuristics in launcher.cuh; each record writer is instantiated in its own translation unit
+// (instantiations/compress_<format>.cu) to keep nvcc's work per file small.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -11,8 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "compressor/cuda_common.cuh"
-#include "compressor/cuda_tuning.hpp"
+#include "formats/cuda/record_writers.cuh"
+#include "compressor/cuda/tuning.hpp"
 
 namespace dsv41kv::detail::cuda {
 
@@ -244,41 +244,5 @@ CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride
 // The RoPE table [rows, 64] floats (16-byte aligned, rows in [1, 2^31)) as a TMA tensor map of
 // one table row per box, no swizzle (the ratio-1 NVFP4 kernel's RoPE copies, kRowsTmaRot).
 CUtensorMap rope_table_tensor_map(const float* table, int64_t rows);
-
-// RoPE + quantized insert of latent rows (SPEC 5.1).
-struct InsertParams {
-  const uint16_t* latent = nullptr;  // bf16 [>= N, 512]
-  const int64_t* pos = nullptr;
-  const int64_t* slot = nullptr;     // [N]
-  int64_t N = 0;
-  int ratio = 1;
-  const float* table = nullptr;
-  int64_t table_rows = 0;
-  CacheDst cache;
-};
-void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream);
-
-// Dequantize-gather (SPEC 5.3).
-struct GatherParams {
-  const uint8_t* base = nullptr;
-  int64_t S = 1, page_stride_bytes = 0, row_stride_bytes = 0, capacity = 0;
-  float fp8_scale = 1.0f;
-  const int64_t* slot = nullptr;  // [M]
-  int64_t M = 0;
-  uint16_t* out = nullptr;        // bf16 rows, stride out_stride elements
-  int64_t out_stride = 0;
-};
-void launch_gather(RecordFormat f, const GatherParams& p, cudaStream_t stream);
-
-// save_ring_rows (SPEC 7.5).
-struct SaveRowsParams {
-  const float* prev = nullptr;
-  int64_t prev_stride = 0;
-  const int64_t* slot = nullptr;  // [G]
-  int64_t G = 0;
-  float* ring = nullptr;
-  int64_t ring_bs = 0, ring_rs = 0, cap = 1, ring_slots = 0;
-};
-void launch_save_ring_rows(const SaveRowsParams& p, cudaStream_t stream);
 
 }  // namespace dsv41kv::detail::cuda

@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "dsv41kv/common.hpp"
 
 int main(int argc, char** argv) {

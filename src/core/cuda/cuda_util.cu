@@ -1,5 +1,5 @@
 // CUDA error handling (cuda_util.hpp).
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 
 #include <array>
 #include <atomic>

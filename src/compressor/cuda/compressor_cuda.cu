@@ -16,9 +16,10 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "compressor/backend.hpp"
-#include "compressor/cuda_kernels.hpp"
-#include "compressor/cuda_tuning.hpp"
-#include "core/cuda_util.hpp"
+#include "cache/cuda/params.hpp"
+#include "compressor/cuda/params.hpp"
+#include "compressor/cuda/tuning.hpp"
+#include "core/cuda/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "dsv41kv/conformance.hpp"
 
 namespace dsv41kv::cli {

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "core/cuda_util.hpp"
+#include "core/cuda/cuda_util.hpp"
 #include "dsv41kv/projection_cuda.hpp"
 
 namespace dsv41kv {

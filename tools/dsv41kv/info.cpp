@@ -1,7 +1,7 @@
 // `dsv41kv info`: record layouts, default page strides and the CUDA device, for engine authors.
 #include <fmt/format.h>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/records.hpp"
 

@@ -1,6 +1,6 @@
 // Instantiation of the fused compress kernel family for one record writer (kNoRecord): ratio 1/2 x
-// one-warp/four-warp programs. See cuda_compress.cuh.
-#include "compressor/cuda_compress.cuh"
+// one-warp/four-warp programs. See ../launcher.cuh.
+#include "compressor/cuda/launcher.cuh"
 
 namespace dsv41kv::detail::cuda {
 template void launch_compress<kNoRecord>(const CompressParams&, int, cudaStream_t, bool);

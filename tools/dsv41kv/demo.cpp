@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/config.hpp"
 #include "dsv41kv/device.hpp"

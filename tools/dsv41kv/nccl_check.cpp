@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "comm/launcher.hpp"
 #include "comm/nccl_selftest.hpp"
 #include "dsv41kv/common.hpp"

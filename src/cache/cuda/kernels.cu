@@ -1,8 +1,8 @@
 // The separate (non-fused) CUDA kernels of the write path: RoPE + quantized insert of latent
 // rows (SPEC 5.1), the dequantize-gather reader (SPEC 5.3) and save_ring_rows (SPEC 7.5).
-// One warp per row; lane l owns dims [16l, 16l + 16) (the writer layout of cuda_common.cuh).
-#include "compressor/cuda_kernels.hpp"
-#include "core/cuda_util.hpp"
+// One warp per row; lane l owns dims [16l, 16l + 16) (the writer layout of formats/cuda/record_writers.cuh).
+#include "cache/cuda/params.hpp"
+#include "core/cuda/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
 namespace {

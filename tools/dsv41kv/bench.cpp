@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/commands.hpp"
+#include "commands.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/device.hpp"
@@ -41,8 +41,8 @@
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
 
-#include "cli/cuda_bench.hpp"
-#include "compressor/cuda_tuning.hpp"
+#include "bench/cuda/timing.hpp"
+#include "compressor/cuda/tuning.hpp"
 #endif
 
 namespace dsv41kv::cli {
