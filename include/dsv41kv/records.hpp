@@ -25,6 +25,24 @@ enum class RecordFormat : uint8_t {
   PLAIN_FP8 = 4,  // kernel-level plain rows: 512 e4m3 with a per-tensor scale
 };
 inline constexpr int kNumRecordFormats = 5;
+// Every format, and the packed ones (page-segregated records), in enum order: the one list that
+// tools, oracles and tests iterate over.
+inline constexpr RecordFormat kAllRecordFormats[kNumRecordFormats] = {
+    RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288, RecordFormat::PLAIN_BF16,
+    RecordFormat::PLAIN_FP8};
+inline constexpr RecordFormat kPackedRecordFormats[3] = {RecordFormat::V4_584, RecordFormat::MXFP8_528,
+                                                         RecordFormat::NVFP4_288};
+
+// ---------------------------------------------------------------- groups (SPEC 0.3, 5.1, 6.5)
+
+// A token at position p closes its group of r positions when p is the group's last position;
+// only closing tokens produce a latent and a compressed record. Its state (compressed entry) is
+// p / r, and its record is rotated at the group's start position (p / r) * r.
+DSV41KV_HD constexpr bool closes_group(int64_t p, int64_t r) { return (p + 1) % r == 0; }
+DSV41KV_HD constexpr int64_t group_state(int64_t p, int64_t r) { return p / r; }
+DSV41KV_HD constexpr int64_t rope_row(int64_t p, int64_t r) { return (p / r) * r; }
+static_assert(closes_group(5, 2) && !closes_group(4, 2) && closes_group(0, 1) && rope_row(13, 2) == 12 &&
+              group_state(13, 2) == 6);
 
 constexpr int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 

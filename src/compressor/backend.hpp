@@ -1,14 +1,15 @@
 // Internal contract between the public compressor API (validation + dispatch, compressor.cpp),
-// the CPU backend (cpu.cpp) and the CUDA backend (*.cu). Validation happens once, on the host,
-// before any backend runs: plan_*() checks dtypes, shapes, strides and devices and returns the
-// derived sizes; check_*_values() additionally checks data values (qsl, slots, positions) and
-// is run only for host views (reading device memory would synchronise; the CUDA kernels bound
-// every index they dereference and skip what is out of range instead).
+// the CPU backend (cpu.cpp) and the CUDA backend (cuda/). Validation happens once, on the host,
+// before any backend runs (plan.cpp): plan_*() checks dtypes, shapes, strides and devices and
+// returns the derived sizes; check_*_values() additionally checks data values (qsl, slots,
+// positions) and is run only for host views (reading device memory would synchronise; the CUDA
+// kernels bound every index they dereference and skip what is out of range instead).
 #pragma once
 
 #include <cstdint>
 
 #include "dsv41kv/compressor.hpp"
+#include "formats/insert.hpp"
 
 namespace dsv41kv::detail {
 
@@ -27,54 +28,27 @@ struct CompressPlan {
   int64_t prev_row_stride = 0;    // floats
   int64_t prev_indices = 0;       // R (0 when absent)
 };
-// compress(): latent_out required (compress_insert plans through plan_compress_insert).
+// compress(): latent_out required.
 CompressPlan plan_compress(const CompressArgs& a);
 // Value checks of a CPU call; `op` names the operation in the messages.
 void check_compress_values(const CompressArgs& a, const CompressPlan& p, const char* op);
 
-struct InsertPlan {
-  int ratio = 2;
-  Device device = Device::CPU;
-  int64_t N = 0;            // slots length
-  int64_t table_rows = 0;   // rope table rows
-  int64_t capacity = 0;     // cache.num_pages * cache.states_per_page
-};
-InsertPlan plan_insert(const InsertArgs& a);
-void check_insert_values(const InsertArgs& a, const InsertPlan& p);
-
-struct GatherPlan {
-  Device device = Device::CPU;
-  int64_t M = 0;
-  int64_t out_row_stride = 0;
-  int64_t capacity = 0;
-};
-GatherPlan plan_gather(const GatherArgs& a);
-
-struct SaveRingRowsPlan {
-  Device device = Device::CPU;
-  int64_t G = 0;
-  int64_t prev_row_stride = 0;
-  int64_t cap = 0, ring_blocks = 0, ring_block_stride = 0, ring_row_stride = 0;
-};
-SaveRingRowsPlan plan_save_ring_rows(const SaveRingRowsArgs& a);
+// compress_insert(): both halves, checked to describe the same N and device; the insert half is
+// the insert rule's views over (latent_out, positions, rope_table, insert_slots, cache).
+InsertViews insert_half(const CompressInsertArgs& a);
+void plan_compress_insert(const CompressInsertArgs& a, CompressPlan& cp, InsertPlan& ip);
 
 namespace cpu {
 void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx);
-void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
 void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const InsertPlan& ip,
                      const ExecContext& ctx);
-void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
-void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
 }  // namespace cpu
 
 #if defined(DSV41KV_WITH_CUDA)
 namespace cuda {
 void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx);
-void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
 void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const InsertPlan& ip,
                      const ExecContext& ctx);
-void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
-void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
 }  // namespace cuda
 #endif
 

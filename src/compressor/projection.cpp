@@ -1,6 +1,7 @@
 // The compressor projection (SPEC 4.1) on the CPU and the compressor weights.
 // Accumulation order: see include/dsv41kv/projection.hpp.
 #include "dsv41kv/projection.hpp"
+#include "dsv41kv/rng.hpp"
 
 #include <fmt/format.h>
 
@@ -10,7 +11,7 @@
 #include <vector>
 
 #include "core/parallel.hpp"
-#include "compressor/validate.hpp"
+#include "core/validate.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/safetensors.hpp"
@@ -24,27 +25,13 @@ constexpr int kLanes = 16;
 constexpr int64_t kTokBlock = 4;   // tokens per tile
 constexpr int64_t kOutBlock = 32;  // outputs per tile (32 weight rows of 20 KB stay in L2)
 
-[[noreturn]] void bad(const char* arg, const std::string& msg) {
-  invalid_argument(fmt::format("project_kv_score: {}: {}", arg, msg));
-}
+constexpr const char* kOp = "project_kv_score";
+[[noreturn]] void bad(const char* arg, const std::string& msg) { detail::bad_arg(kOp, arg, msg); }
 
+// A host matrix of dtype dt (the projection is host-only; CUDA views: CublasProjection).
 void need_matrix(const TensorView& v, const char* arg, DType dt) {
-  if (!v.present()) bad(arg, "absent");
-  if (v.dtype != dt)
-    bad(arg, fmt::format("dtype {}, expected {} ({})", dtype_name(v.dtype), dtype_name(dt),
-                         v.describe()));
-  if (v.ndim != 2) bad(arg, fmt::format("{} dimensions, expected 2 ({})", v.ndim, v.describe()));
-  if (v.shape[0] < 0 || v.shape[1] < 0) bad(arg, fmt::format("negative shape ({})", v.describe()));
-  v.require_span("project_kv_score", arg);
-  if (v.shape[1] > 1 && v.stride[1] != 1)
-    bad(arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[1], v.describe()));
-  if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
-    bad(arg, fmt::format("row stride {}, expected >= {} ({})", v.stride[0], v.shape[1],
-                         v.describe()));
-  if (v.device != Device::CPU)
-    bad(arg, fmt::format("on {}, expected cpu (the projection is host-only)",
-                         device_name(v.device)));
-  if (v.numel() > 0 && v.data == nullptr) bad(arg, "data pointer is null");
+  detail::need_matrix(kOp, v, arg, dt, dt == DType::BF16 ? "bf16 [rows, cols]" : "f32 [rows, cols]");
+  detail::need_on(kOp, v, arg, Device::CPU);
 }
 
 // The fixed-order dot product of two fp32 rows (widened bf16), H elements.
@@ -63,22 +50,6 @@ inline float dot_fixed(const float* x, const float* w, int64_t H) {
 void widen_row(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t k = 0; k < n; ++k) dst[k] = num::bf16_decode(src[k]);
 }
-
-// splitmix64 + Box-Muller in binary64: deterministic on every platform.
-struct Rng {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0,1)
-  double normal() {
-    const double u1 = uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-};
 
 std::string join_prefix(const std::string& p) {
   if (p.empty() || p.back() == '.') return p;
@@ -160,7 +131,7 @@ CompressorWeights CompressorWeights::from_seed(int ratio, int hidden_size, uint6
   CompressorWeights cw;
   cw.ratio = ratio;
   cw.hidden_size = hidden_size;
-  Rng rng{seed ^ 0xD5A41C0Dull};
+  Rng rng(seed ^ 0xD5A41C0Dull);
   const double sd = 1.0 / std::sqrt(static_cast<double>(hidden_size));
   cw.fused_wkv_wgate.resize(static_cast<size_t>(kLatentDim) * ratio * hidden_size);
   for (auto& v : cw.fused_wkv_wgate)

@@ -7,89 +7,37 @@
 // Messages read "<op>: <argument>: <what was found>, expected <what is required>".
 #include <fmt/format.h>
 
+#include <span>
 #include <string>
 
 #include "dsv41kv/metadata.hpp"
+#include "core/validate.hpp"
 #include "metadata/backend.hpp"
 
 namespace dsv41kv {
 namespace {
 
-[[noreturn]] void bad(const char* op, const char* arg, const std::string& msg) {
-  invalid_argument(fmt::format("{}: {}: {}", op, arg, msg));
-}
+using detail::bad_arg;
+using detail::need_device;
+using detail::need_vector;
 
-// A contiguous 1-D vector of dtype dt with at least min_len entries; returns its length.
-int64_t need_vector(const char* op, const TensorView& v, const char* arg, DType dt,
-                    const char* what, int64_t min_len = 0) {
-  if (!v.present()) bad(op, arg, fmt::format("absent, expected {}", what));
-  if (v.dtype != dt)
-    bad(op, arg, fmt::format("dtype {}, expected {} ({}; {})", dtype_name(v.dtype),
-                             dtype_name(dt), what, v.describe()));
-  if (v.ndim != 1)
-    bad(op, arg, fmt::format("{} dimensions, expected 1 ({}; {})", v.ndim, what, v.describe()));
-  if (v.shape[0] < min_len)
-    bad(op, arg, fmt::format("{} entries, expected at least {} ({}; {})", v.shape[0], min_len,
-                             what, v.describe()));
-  if (!v.is_contiguous())
-    bad(op, arg, fmt::format("stride {}, expected contiguous (stride 1; {})", v.stride[0],
-                             v.describe()));
-  if (v.shape[0] > 0 && v.data == nullptr)
-    bad(op, arg, fmt::format("data pointer is null for {} entries", v.shape[0]));
-  v.require_span(op, arg);
-  return v.shape[0];
-}
-
-// An i32 block table [rows, cols >= 1] with inner stride 1 and non-overlapping rows.
 void need_table(const char* op, const TensorView& v, const char* arg, const char* what) {
-  if (!v.present()) bad(op, arg, fmt::format("absent, expected {}", what));
-  if (v.dtype != DType::I32)
-    bad(op, arg, fmt::format("dtype {}, expected i32 ({}; {})", dtype_name(v.dtype), what,
-                             v.describe()));
-  if (v.ndim != 2)
-    bad(op, arg, fmt::format("{} dimensions, expected 2 ({}; {})", v.ndim, what, v.describe()));
-  if (v.shape[0] < 0 || v.shape[1] < 1)
-    bad(op, arg, fmt::format("shape [{}, {}], expected [num_reqs >= 0, >= 1] ({})", v.shape[0],
-                             v.shape[1], what));
-  if (v.shape[1] > 1 && v.stride[1] != 1)
-    bad(op, arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[1], v.describe()));
-  if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
-    bad(op, arg, fmt::format("row stride {}, expected >= {} (rows must not overlap; {})",
-                             v.stride[0], v.shape[1], v.describe()));
-  if (v.shape[0] > 0 && v.data == nullptr)
-    bad(op, arg, fmt::format("data pointer is null for {} rows", v.shape[0]));
-  v.require_span(op, arg);
+  detail::need_block_table(op, v, arg, what);
 }
 
-void need_device(const char* op, const TensorView& v, const char* arg, Device dev,
-                 const char* ref) {
-  if (v.present() && v.device != dev)
-    bad(op, arg, fmt::format("on {}, expected {} like {} (all views of one call on one device)",
-                             device_name(v.device), device_name(dev), ref));
-}
-
-void need_threads(const char* op, const ExecContext& ctx) {
-  if (ctx.num_threads < 0)
-    bad(op, "ctx.num_threads", fmt::format("{}, expected >= 0", ctx.num_threads));
-}
+void need_threads(const char* op, const ExecContext& ctx) { detail::check_exec_context(ctx, op); }
 
 void need_num_actual(const char* op, int64_t num_actual, int64_t N) {
   if (num_actual < 0 || num_actual > N)
-    bad(op, "num_actual_tokens",
+    bad_arg(op, "num_actual_tokens",
         fmt::format("{}, expected 0 <= num_actual_tokens <= N = {} (rows of the output)",
                     num_actual, N));
 }
 
 void need_optional_count(const char* op, const char* arg, int64_t v) {
-  if (v < -1) bad(op, arg, fmt::format("{}, expected -1 (unchecked) or >= 0", v));
+  if (v < -1) bad_arg(op, arg, fmt::format("{}, expected -1 (unchecked) or >= 0", v));
 }
 
-#if !defined(DSV41KV_WITH_CUDA)
-[[noreturn]] void no_cuda(const char* op) {
-  invalid_argument(fmt::format(
-      "{}: the views are on cuda, but dsv41kv was built without CUDA (expected cpu views)", op));
-}
-#endif
 
 int32_t table_at(const TensorView& t, int64_t row, int64_t col) {
   return t.ptr<const int32_t>()[row * t.stride[0] + col * t.stride[1]];
@@ -112,7 +60,7 @@ int64_t need_slot_views(const char* op, const SlotViews& s) {
   need_table(op, *s.table, s.table_name, s.table_what);
   const int64_t n_out = need_vector(op, *s.out, s.out_name, DType::I64, "i64 [N] output");
   if (n_out != N)
-    bad(op, s.out_name, fmt::format("{} entries, expected N = {} (the length of token_to_req)",
+    bad_arg(op, s.out_name, fmt::format("{} entries, expected N = {} (the length of token_to_req)",
                                     n_out, N));
   const Device dev = s.token_to_req->device;
   need_device(op, *s.positions, "positions", dev, "token_to_req");
@@ -129,11 +77,11 @@ void check_tokens(const char* op, const TensorView& token_to_req, const TensorVi
   const int64_t num_reqs = table.shape[0];
   for (int64_t t = 0; t < num_actual; ++t) {
     if (t2r[t] < 0 || t2r[t] >= num_reqs)
-      bad(op, "token_to_req",
+      bad_arg(op, "token_to_req",
           fmt::format("token_to_req[{}] = {}, expected a request index in [0, {}) (rows of {})",
                       t, t2r[t], num_reqs, table_name));
     if (pos[t] < 0)
-      bad(op, "positions", fmt::format("positions[{}] = {} (request {}), expected >= 0", t,
+      bad_arg(op, "positions", fmt::format("positions[{}] = {} (request {}), expected >= 0", t,
                                        pos[t], t2r[t]));
   }
 }
@@ -176,34 +124,19 @@ int64_t num_decode_requests(const int32_t* query_lens, int64_t num_reqs,
 
 void validate_qsl(const TensorView& qsl, int64_t num_actual_tokens, int64_t N, const char* arg) {
   const std::string a = arg ? arg : "qsl";
-  if (!qsl.present()) invalid_argument(fmt::format("{}: absent, expected i32 [num_reqs + 1]", a));
+  const std::string::size_type colon = a.rfind(": ");
+  const std::string op = colon == std::string::npos ? "validate_qsl" : a.substr(0, colon);
+  const std::string name = colon == std::string::npos ? a : a.substr(colon + 2);
+  need_vector(op.c_str(), qsl, name.c_str(), DType::I32, "i32 [num_reqs + 1]", 1);
   if (qsl.device != Device::CPU)
-    invalid_argument(fmt::format("{}: on {}, expected a host (cpu) view to check values", a,
-                                 device_name(qsl.device)));
-  if (qsl.dtype != DType::I32)
-    invalid_argument(fmt::format("{}: dtype {}, expected i32 ({})", a, dtype_name(qsl.dtype),
-                                 qsl.describe()));
-  if (qsl.ndim != 1 || qsl.shape[0] < 1)
-    invalid_argument(fmt::format("{}: {}, expected i32 [num_reqs + 1] with num_reqs >= 0", a,
-                                 qsl.describe()));
-  if (!qsl.is_contiguous())
-    invalid_argument(fmt::format("{}: stride {}, expected contiguous ({})", a, qsl.stride[0],
-                                 qsl.describe()));
-  if (qsl.data == nullptr) invalid_argument(fmt::format("{}: data pointer is null", a));
-  if (N < 0) invalid_argument(fmt::format("{}: N = {}, expected >= 0", a, N));
+    bad_arg(op.c_str(), name.c_str(),
+            fmt::format("on {}, expected a host (cpu) view to check values", device_name(qsl.device)));
+  if (N < 0) bad_arg(op.c_str(), name.c_str(), fmt::format("N = {}, expected >= 0", N));
   if (num_actual_tokens < 0 || num_actual_tokens > N)
-    invalid_argument(fmt::format("{}: num_actual_tokens = {}, expected 0 <= num_actual_tokens <= N = {}",
-                                 a, num_actual_tokens, N));
-  const auto* q = qsl.ptr<const int32_t>();
-  const int64_t nr = qsl.shape[0] - 1;
-  if (q[0] != 0) invalid_argument(fmt::format("{}: qsl[0] = {}, expected 0", a, q[0]));
-  for (int64_t j = 0; j < nr; ++j)
-    if (q[j + 1] < q[j])
-      invalid_argument(fmt::format("{}: qsl[{}] = {} < qsl[{}] = {}, expected non-decreasing", a,
-                                   j + 1, q[j + 1], j, q[j]));
-  if (q[nr] != num_actual_tokens)
-    invalid_argument(fmt::format("{}: qsl[num_reqs = {}] = {}, expected num_actual_tokens = {}", a,
-                                 nr, q[nr], num_actual_tokens));
+    bad_arg(op.c_str(), name.c_str(),
+            fmt::format("num_actual_tokens = {}, expected 0 <= num_actual_tokens <= N = {}", num_actual_tokens, N));
+  detail::check_qsl(op.c_str(), name.c_str(),
+                    std::span(qsl.ptr<const int32_t>(), static_cast<size_t>(qsl.shape[0])), N, num_actual_tokens);
 }
 
 // ------------------------------------------------------------------------------ token_to_req
@@ -216,7 +149,7 @@ void build_token_to_req(const TokenToReqArgs& a, const ExecContext& ctx) {
   const int64_t N = need_vector(op, a.token_to_req, "token_to_req", DType::I32, "i32 [N] output");
   need_device(op, a.token_to_req, "token_to_req", a.qsl.device, "qsl");
   if (a.num_actual_tokens < -1 || a.num_actual_tokens > N)
-    bad(op, "num_actual_tokens",
+    bad_arg(op, "num_actual_tokens",
         fmt::format("{}, expected -1 (= qsl[num_reqs]) or 0 <= num_actual_tokens <= N = {}",
                     a.num_actual_tokens, N));
   if (a.qsl.device == Device::CUDA) {
@@ -224,14 +157,14 @@ void build_token_to_req(const TokenToReqArgs& a, const ExecContext& ctx) {
     detail::cuda::build_token_to_req(a, ctx);
     return;
 #else
-    no_cuda(op);
+    detail::no_cuda(op);
 #endif
   }
   const auto* q = a.qsl.ptr<const int32_t>();
   const int64_t nr = a.qsl.shape[0] - 1;
   const int64_t num_actual = a.num_actual_tokens >= 0 ? a.num_actual_tokens : q[nr];
   if (a.num_actual_tokens < 0 && (num_actual < 0 || num_actual > N))
-    bad(op, "qsl", fmt::format("qsl[num_reqs = {}] = {}, expected <= N = {} (rows of token_to_req)",
+    bad_arg(op, "qsl", fmt::format("qsl[num_reqs = {}] = {}, expected <= N = {} (rows of token_to_req)",
                                nr, num_actual, N));
   validate_qsl(a.qsl, num_actual, N, "build_token_to_req: qsl");
 
@@ -250,14 +183,14 @@ void build_ring_slots(const RingSlotArgs& a, const ExecContext& ctx) {
                                          "ring_block_table", "i32 [num_reqs, >= 1] ring blocks",
                                          &a.ring_slots, "ring_slots"});
   need_num_actual(op, a.num_actual_tokens, N);
-  if (a.cap < 1) bad(op, "cap", fmt::format("{}, expected > 0 ring rows per block", a.cap));
+  if (a.cap < 1) bad_arg(op, "cap", fmt::format("{}, expected > 0 ring rows per block", a.cap));
   need_optional_count(op, "num_ring_blocks", a.num_ring_blocks);
   if (a.token_to_req.device == Device::CUDA) {
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::build_ring_slots(a, ctx);
     return;
 #else
-    no_cuda(op);
+    detail::no_cuda(op);
 #endif
   }
   const auto* t2r = a.token_to_req.ptr<const int32_t>();
@@ -268,7 +201,7 @@ void build_ring_slots(const RingSlotArgs& a, const ExecContext& ctx) {
     for (int64_t t = 0; t < a.num_actual_tokens; ++t) {
       const int32_t b = table_at(a.ring_block_table, t2r[t], 0);
       if (b >= a.num_ring_blocks)
-        bad(op, "ring_block_table",
+        bad_arg(op, "ring_block_table",
             fmt::format("ring_block_table[{}][0] = {} (request of token {}), expected a ring "
                         "block id < num_ring_blocks = {}",
                         t2r[t], b, t, a.num_ring_blocks));
@@ -294,14 +227,14 @@ void build_token_slots(const TokenSlotArgs& a, const ExecContext& ctx) {
                                          "block_table", "i32 [num_reqs, max_pages]", &a.slots,
                                          "slots"});
   need_num_actual(op, a.num_actual_tokens, N);
-  if (a.page < 1) bad(op, "page", fmt::format("{}, expected > 0 tokens per page", a.page));
+  if (a.page < 1) bad_arg(op, "page", fmt::format("{}, expected > 0 tokens per page", a.page));
   need_optional_count(op, "num_pages", a.num_pages);
   if (a.token_to_req.device == Device::CUDA) {
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::build_token_slots(a, ctx);
     return;
 #else
-    no_cuda(op);
+    detail::no_cuda(op);
 #endif
   }
   const auto* t2r = a.token_to_req.ptr<const int32_t>();
@@ -311,13 +244,13 @@ void build_token_slots(const TokenSlotArgs& a, const ExecContext& ctx) {
   for (int64_t t = 0; t < a.num_actual_tokens; ++t) {
     const int64_t lp = pos[t] / a.page;
     if (lp >= cols)
-      bad(op, "block_table",
+      bad_arg(op, "block_table",
           fmt::format("token {} (request {}, position {}) needs logical page {} (page size {}), "
                       "expected < {} columns",
                       t, t2r[t], pos[t], lp, a.page, cols));
     const int32_t pg = table_at(a.block_table, t2r[t], lp);
     if (a.num_pages >= 0 && pg >= a.num_pages)
-      bad(op, "block_table",
+      bad_arg(op, "block_table",
           fmt::format("block_table[{}][{}] = {} (token {}, position {}), expected a page id < "
                       "num_pages = {}",
                       t2r[t], lp, pg, t, pos[t], a.num_pages));
@@ -354,14 +287,14 @@ void build_compressed_slots(const CompressedSlotArgs& a, const ExecContext& ctx)
   }
   need_num_actual(op, a.num_actual_tokens, N);
   if (a.states_per_page < 1)
-    bad(op, "states_per_page", fmt::format("{}, expected > 0 states per page", a.states_per_page));
+    bad_arg(op, "states_per_page", fmt::format("{}, expected > 0 states per page", a.states_per_page));
   need_optional_count(op, "num_pages", a.num_pages);
   if (a.token_to_req.device == Device::CUDA) {
 #if defined(DSV41KV_WITH_CUDA)
     detail::cuda::build_compressed_slots(a, ctx);
     return;
 #else
-    no_cuda(op);
+    detail::no_cuda(op);
 #endif
   }
   const auto* t2r = a.token_to_req.ptr<const int32_t>();
@@ -377,13 +310,13 @@ void build_compressed_slots(const CompressedSlotArgs& a, const ExecContext& ctx)
     if (!gets_slot(t)) continue;
     const int64_t s = pos[t] / r, lp = s / S;
     if (lp >= cols)
-      bad(op, "block_table",
+      bad_arg(op, "block_table",
           fmt::format("token {} (request {}, position {}) closes state {} in logical page {} "
                       "({} states per page), expected < {} columns",
                       t, t2r[t], pos[t], s, lp, S, cols));
     const int32_t pg = table_at(a.block_table, t2r[t], lp);
     if (a.num_pages >= 0 && pg >= a.num_pages)
-      bad(op, "block_table",
+      bad_arg(op, "block_table",
           fmt::format("block_table[{}][{}] = {} (token {}, position {}), expected a page id < "
                       "num_pages = {}",
                       t2r[t], lp, pg, t, pos[t], a.num_pages));

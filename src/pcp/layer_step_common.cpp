@@ -2,51 +2,38 @@
 
 #include <fmt/format.h>
 
+#include "core/validate.hpp"
 #include "dsv41kv/records.hpp"
 
 namespace dsv41kv::pcp::step_common {
 
 void check_view(const char* op, const TensorView& v, const char* name, DType dt, int64_t rows,
                 int64_t cols, Device device) {
-  auto require = [op](bool ok, const std::string& what) {
-    if (!ok) invalid_argument(fmt::format("{}: {}", op, what));
-  };
-  require(v.present() && v.device == device,
-          fmt::format("{}: {} (expected a {} view)", name, v.present() ? v.describe() : "absent",
-                      device == Device::CPU ? "host" : "device"));
-  require(v.dtype == dt, fmt::format("{}: {} (expected {})", name, v.describe(), dtype_name(dt)));
-  v.require_span(op, name);
-  if (cols == 0) {
-    require(v.ndim == 1 && v.shape[0] >= rows && v.stride[0] == 1,
-            fmt::format("{}: {} (expected contiguous [>= {}])", name, v.describe(), rows));
-  } else {
-    require(v.ndim == 2 && v.shape[0] >= rows && v.shape[1] == cols && v.stride[1] == 1,
-            fmt::format("{}: {} (expected [>= {}, {}] with inner stride 1)", name, v.describe(),
-                        rows, cols));
-  }
+  const std::string what = cols == 0 ? fmt::format("{} [>= {}]", dtype_name(dt), rows)
+                                     : fmt::format("{} [>= {}, {}] with inner stride 1", dtype_name(dt), rows, cols);
+  detail::need_present(op, v, name, what.c_str());
+  detail::need_on(op, v, name, device);
+  if (cols == 0) detail::need_vector(op, v, name, dt, what.c_str(), rows);
+  else detail::need_rows(op, v, name, dt, cols, rows, what.c_str());
 }
 
 int64_t check_step_views(const char* op, const LayerStepArgs& a, int P, Device device) {
-  auto require = [op](bool ok, const std::string& what) {
-    if (!ok) invalid_argument(fmt::format("{}: {}", op, what));
-  };
-  require(a.positions.present() && a.positions.ndim == 1,
-          fmt::format("positions: {} (expected i64 [padded])",
-                      a.positions.present() ? a.positions.describe() : "absent"));
+  detail::need_present(op, a.positions, "positions", "i64 [padded]");
+  detail::need_ndim(op, a.positions, "positions", 1);
   const int64_t padded = a.positions.shape[0];
   const int64_t G = static_cast<int64_t>(P) * padded;
   check_view(op, a.positions, "positions", DType::I64, padded, 0, device);
   check_view(op, a.kv_score, "kv_score", DType::F32, padded, static_cast<int64_t>(kLatentDim) * a.ratio, device);
   check_view(op, a.latent, "latent", DType::BF16, padded, kLatentDim, device);
-  require(a.latent.stride[0] == kLatentDim, fmt::format("latent: {} (expected contiguous)", a.latent.describe()));
+  detail::need_contiguous(op, a.latent, "latent");
   check_view(op, a.gathered_latent, "gathered_latent", DType::BF16, G, kLatentDim, device);
-  require(a.gathered_latent.stride[0] == kLatentDim,
-          fmt::format("gathered_latent: {} (expected contiguous)", a.gathered_latent.describe()));
+  detail::need_contiguous(op, a.gathered_latent, "gathered_latent");
   check_view(op, a.gathered_positions, "gathered_positions", DType::I64, G, 0, device);
   check_view(op, a.gathered_cslots, "gathered_cslots", DType::I64, G, 0, device);
-  require(a.gathered_cslots.shape[0] == G,
-          fmt::format("gathered_cslots: {} (expected exactly P * padded = {} entries)",
-                      a.gathered_cslots.describe(), G));
+  if (a.gathered_cslots.shape[0] != G)
+    detail::bad_arg(op, "gathered_cslots",
+                    fmt::format("{} entries, expected exactly P * padded = {} ({})", a.gathered_cslots.shape[0], G,
+                                a.gathered_cslots.describe()));
   return padded;
 }
 

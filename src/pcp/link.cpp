@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/validate.hpp"
 #include "dsv41kv/pcp.hpp"
-#include "dsv41kv/pcp_cuda.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -18,14 +18,6 @@ int64_t link_num_rows(int64_t N, int64_t max_num_seqs) {
     invalid_argument(fmt::format("link: N = {}, max_num_seqs = {} (expected N >= 0, max_num_seqs >= 1)",
                                  N, max_num_seqs));
   return std::min(N, 2 * max_num_seqs);
-}
-
-// The device link's sizes (pcp_cuda.hpp): the same rules as the host link, from the views' shapes.
-int64_t link_device_num_rows(const LinkDeviceInput& in) {
-  return link_num_rows(in.ring_slots.shape[0], in.max_num_seqs);
-}
-int64_t link_device_R(const LinkDeviceInput& in) {
-  return std::min(in.qsl.shape[0] - 1, link_device_num_rows(in));
 }
 
 int64_t link_key(int64_t slot, int64_t pos, int64_t cap) {
@@ -39,15 +31,8 @@ LinkLocal link_local_keys(const LinkInput& in) {
   if (static_cast<int64_t>(in.positions.size()) < N)
     invalid_argument(fmt::format("link: positions has {} entries (expected >= N = {})",
                                  in.positions.size(), N));
-  if (in.qsl.empty()) invalid_argument("link: qsl is empty (expected num_reqs + 1 >= 1 entries)");
+  detail::check_qsl("link", "qsl", in.qsl, N);
   const int64_t num_reqs = static_cast<int64_t>(in.qsl.size()) - 1;
-  if (in.qsl[0] != 0) invalid_argument(fmt::format("link: qsl[0] = {} (expected 0)", in.qsl[0]));
-  for (int64_t j = 0; j < num_reqs; ++j)
-    if (in.qsl[static_cast<size_t>(j + 1)] < in.qsl[static_cast<size_t>(j)])
-      invalid_argument(fmt::format("link: qsl decreases at {}: {} -> {} (expected monotone)", j,
-                                   in.qsl[static_cast<size_t>(j)], in.qsl[static_cast<size_t>(j + 1)]));
-  if (in.qsl.back() > N)
-    invalid_argument(fmt::format("link: qsl[num_reqs] = {} exceeds N = {}", in.qsl.back(), N));
   for (int64_t t = 0; t < N; ++t) {
     const int64_t p = in.positions[static_cast<size_t>(t)];
     if (p >= (int64_t{1} << 31) || p < 0)

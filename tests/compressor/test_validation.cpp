@@ -55,7 +55,7 @@ TEST(Validation, Compress) {
       {"kv null", [](Batch&, CompressArgs& a) { a.kv_score.data = nullptr; }, E8, "kv_score: data pointer is null"},
       {"positions dtype", [](Batch&, CompressArgs& a) { a.positions.dtype = DType::I32; }, E8, "positions: dtype i32"},
       {"positions short", [](Batch& b, CompressArgs& a) { a.positions.shape[0] = b.N - 1; }, E8, "positions: 20 entries"},
-      {"positions strided", [](Batch&, CompressArgs& a) { a.positions.stride[0] = 2; }, E8, "positions: not contiguous"},
+      {"positions strided", [](Batch&, CompressArgs& a) { a.positions.stride[0] = 2; }, E8, "positions: stride 2, expected contiguous"},
       {"slot_mapping 2-D", [](Batch& b, CompressArgs& a) { a.slot_mapping = TensorView::contiguous(b.ring_slots.data(), DType::I64, {b.N, 1}); }, E8, "slot_mapping: 2 dimensions"},
       {"slot_mapping dtype", [](Batch&, CompressArgs& a) { a.slot_mapping.dtype = DType::I32; }, E8, "slot_mapping: dtype i32"},
       {"norm size", [](Batch&, CompressArgs& a) { a.norm_weight.shape[0] = 448; }, E8, "norm_weight: 448 entries"},

@@ -1,4 +1,4 @@
-// Deterministic random inputs for tests (platform-independent: splitmix64 + binary64 math).
+// Deterministic random inputs for tests (the library's portable Rng, dsv41kv/rng.hpp).
 #pragma once
 
 #include <cmath>
@@ -6,37 +6,11 @@
 #include <vector>
 
 #include "dsv41kv/numerics.hpp"
+#include "dsv41kv/rng.hpp"
 
 namespace dsv41kv::test {
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : s_(seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull) {}
-  uint64_t next() {
-    uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return (static_cast<double>(next() >> 11) + 0.5) * 0x1.0p-53; }  // (0, 1)
-  double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  // Integer in [lo, hi] inclusive.
-  int64_t integer(int64_t lo, int64_t hi) {
-    return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1));
-  }
-  double normal() {
-    const double u1 = uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-  }
-  // Fisher-Yates shuffle.
-  template <class T>
-  void shuffle(std::vector<T>& v) {
-    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[static_cast<size_t>(next() % i)]);
-  }
-
- private:
-  uint64_t s_;
-};
+using dsv41kv::Rng;
 
 // n fp32 values ~ N(0, scale^2).
 inline std::vector<float> random_f32(size_t n, Rng& rng, double scale = 1.0) {

@@ -26,7 +26,7 @@
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
-#include "pcp/rng.hpp"
+#include "dsv41kv/rng.hpp"
 
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
@@ -118,7 +118,7 @@ struct Gpu {
 
 // The hidden row of (request, position) is a pure function of the seed (splitmix64), so a
 // token's kv_score is the same whichever step or batch computes it.
-using pcp::splitmix64;
+
 void fill_hidden_row(uint16_t* row, int64_t H, uint64_t seed, int64_t req, int64_t pos) {
   uint64_t s = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(req) * 0x100000001B3ull + static_cast<uint64_t>(pos)));
   for (int64_t k = 0; k < H; ++k) {

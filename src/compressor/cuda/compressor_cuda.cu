@@ -16,7 +16,6 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "compressor/backend.hpp"
-#include "cache/cuda/params.hpp"
 #include "compressor/cuda/params.hpp"
 #include "compressor/cuda/tuning.hpp"
 #include "core/cuda/cuda_util.hpp"
@@ -175,20 +174,6 @@ StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit) {
 
 namespace {
 
-CacheDst make_cache_dst(const CacheView& c) {
-  const RecordInfo& ri = record_info(c.format);
-  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
-  CacheDst d;
-  d.base = static_cast<uint8_t*>(c.base);
-  d.S = c.states_per_page;
-  d.S_div = FastDivmod::make(c.states_per_page);
-  d.page_stride_bytes = c.page_stride * es;
-  d.row_stride_bytes = c.row_stride * es;
-  d.capacity = c.num_pages * c.states_per_page;
-  d.fp8_inv = c.format == RecordFormat::PLAIN_FP8 ? num::div_rn(1.0f, c.fp8_scale) : 1.0f;
-  return d;
-}
-
 CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p, const char* op,
                                     bool with_latent, const ExecContext& ctx) {
   CompressParams k;
@@ -248,22 +233,6 @@ void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& c
   launch_compress_format(kNoRecord, k, p.ratio, ctx);
 }
 
-void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
-  if (p.N == 0) return;
-  InsertParams k;
-  k.latent = a.latent.ptr<const uint16_t>();
-  k.pos = a.positions.ptr<const int64_t>();
-  k.slot = a.slots.ptr<const int64_t>();
-  k.N = p.N;
-  k.ratio = p.ratio;
-  k.table = a.rope_table.ptr<const float>();
-  k.table_rows = p.table_rows;
-  k.cache = make_cache_dst(a.cache);
-  require_aligned16(k.latent, "insert", "latent");
-  require_aligned16(k.table, "insert", "rope_table");
-  launch_insert(a.cache.format, k, as_stream(ctx.stream));
-}
-
 void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const InsertPlan& ip,
                      const ExecContext& ctx) {
   if (cp.N == 0) return;
@@ -275,41 +244,6 @@ void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const 
   k.cache = make_cache_dst(a.cache);
   require_aligned16(k.table, "compress_insert", "rope_table");
   launch_compress_format(static_cast<int>(a.cache.format), k, cp.ratio, ctx);
-}
-
-void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
-  if (p.M == 0) return;
-  const CacheView& c = a.cache;
-  const RecordInfo& ri = record_info(c.format);
-  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
-  GatherParams k;
-  k.base = static_cast<const uint8_t*>(c.base);
-  k.S = c.states_per_page;
-  k.page_stride_bytes = c.page_stride * es;
-  k.row_stride_bytes = c.row_stride * es;
-  k.capacity = p.capacity;
-  k.fp8_scale = c.fp8_scale;
-  k.slot = a.slots.ptr<const int64_t>();
-  k.M = p.M;
-  k.out = a.out.ptr<uint16_t>();
-  k.out_stride = p.out_row_stride;
-  launch_gather(c.format, k, as_stream(ctx.stream));
-}
-
-void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx) {
-  if (p.G == 0) return;
-  SaveRowsParams k;
-  k.prev = a.prev_rows.ptr<const float>();
-  k.prev_stride = p.prev_row_stride;
-  k.slot = a.ring_write_slots.ptr<const int64_t>();
-  k.G = p.G;
-  k.ring = a.ring.ptr<float>();
-  k.ring_bs = p.ring_block_stride;
-  k.ring_rs = p.ring_row_stride;
-  k.cap = p.cap;
-  k.ring_slots = p.ring_blocks * p.cap;
-  require_aligned16(k.prev, "save_ring_rows", "prev_rows");
-  launch_save_ring_rows(k, as_stream(ctx.stream));
 }
 
 }  // namespace dsv41kv::detail::cuda

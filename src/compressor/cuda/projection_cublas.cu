@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/cuda/cuda_util.hpp"
+#include "core/validate.hpp"
 #include "dsv41kv/projection_cuda.hpp"
 
 namespace dsv41kv {
@@ -19,19 +20,13 @@ void cublas_check(cublasStatus_t s, const char* what) {
                                cublasGetStatusString(s));
 }
 
-[[noreturn]] void bad(const char* arg, const std::string& msg) {
-  invalid_argument(std::string("project_kv_score (cuda): ") + arg + ": " + msg);
-}
+constexpr const char* kOp = "project_kv_score (cuda)";
+[[noreturn]] void bad(const char* arg, const std::string& msg) { detail::bad_arg(kOp, arg, msg); }
 
+// A device matrix of dtype dt (the kit's checks, the span included, and the device).
 void need_matrix(const TensorView& v, const char* arg, DType dt) {
-  if (!v.present()) bad(arg, "absent");
-  if (v.dtype != dt) bad(arg, v.describe() + ", expected dtype " + dtype_name(dt));
-  if (v.ndim != 2) bad(arg, v.describe() + ", expected 2 dimensions");
-  if (v.device != Device::CUDA) bad(arg, v.describe() + ", expected a cuda view");
-  if (v.shape[1] > 1 && v.stride[1] != 1) bad(arg, v.describe() + ", expected inner stride 1");
-  if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
-    bad(arg, v.describe() + ", expected row stride >= " + std::to_string(v.shape[1]));
-  if (v.numel() > 0 && v.data == nullptr) bad(arg, "null data pointer");
+  detail::need_matrix(kOp, v, arg, dt, dt == DType::BF16 ? "bf16 [rows, cols]" : "f32 [rows, cols]");
+  detail::need_on(kOp, v, arg, Device::CUDA);
 }
 
 }  // namespace
@@ -64,9 +59,8 @@ void CublasProjection::project(const TensorView& hidden, const TensorView& weigh
   need_matrix(kv_score, "kv_score", DType::F32);
   const int64_t T = hidden.shape[0], H = hidden.shape[1], O = weight.shape[0];
   if (O != 512 && O != 1024)
-    fail(ErrorCode::kCompressorRatio,
-         "project_kv_score (cuda): weight: " + weight.describe() +
-             ", expected 512 (ratio 1) or 1024 (ratio 2) rows");
+    fail(ErrorCode::kCompressorRatio, std::string(kOp) + ": weight: " + weight.describe() +
+                                          ", expected 512 (ratio 1) or 1024 (ratio 2) rows");
   if (weight.shape[1] != H)
     bad("weight", weight.describe() + ", expected " + std::to_string(H) + " columns like hidden");
   if (kv_score.shape[0] != T || kv_score.shape[1] != O)

@@ -84,6 +84,20 @@ struct CacheDst {
   int64_t row_stride_bytes = 0;     // plain rows
   float fp8_inv = 1.0f;             // plain fp8: fp32(1 / sigma), IEEE division on the host
 };
+// The kernels' view of a validated cache (host code).
+inline CacheDst make_cache_dst(const CacheView& c) {
+  const RecordInfo& ri = record_info(c.format);
+  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
+  CacheDst d;
+  d.base = static_cast<uint8_t*>(c.base);
+  d.S = c.states_per_page;
+  d.S_div = FastDivmod::make(c.states_per_page);
+  d.page_stride_bytes = c.page_stride * es;
+  d.row_stride_bytes = c.row_stride * es;
+  d.capacity = c.num_pages * c.states_per_page;
+  d.fp8_inv = c.format == RecordFormat::PLAIN_FP8 ? num::div_rn(1.0f, c.fp8_scale) : 1.0f;
+  return d;
+}
 
 // Max over `kLanes` consecutive lanes (a power of two dividing 32); every lane must call it.
 template <int kLanes>

@@ -6,7 +6,7 @@
 #include <deque>
 
 #include "dsv41kv/pcp_sim.hpp"
-#include "pcp/rng.hpp"
+#include "dsv41kv/rng.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -41,11 +41,11 @@ Workload generate_workload(const WorkloadConfig& c) {
   std::vector<int32_t> blocks(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) blocks[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
   for (int64_t i = n - 1; i > 0; --i)
-    std::swap(blocks[static_cast<size_t>(i)], blocks[static_cast<size_t>(rng.uniform(0, i))]);
+    std::swap(blocks[static_cast<size_t>(i)], blocks[static_cast<size_t>(rng.integer(0, i))]);
   for (int64_t i = 0; i < n; ++i) {
     Workload::Request r;
-    r.start = rng.uniform(c.start_min, c.start_max);
-    r.prompt_len = rng.uniform(c.prompt_min, c.prompt_max);
+    r.start = rng.integer(c.start_min, c.start_max);
+    r.prompt_len = rng.integer(c.prompt_min, c.prompt_max);
     r.decode_steps = c.decode_steps;
     r.null_block = rng.unit() < c.null_block_fraction;
     r.ring_block = r.null_block ? 0 : blocks[static_cast<size_t>(i)];
@@ -72,7 +72,7 @@ Workload generate_workload(const WorkloadConfig& c) {
       const auto& r = w.requests[static_cast<size_t>(id)];
       running.push_back({id, r.start, r.start + r.prompt_len, 0});
     }
-    int64_t budget = c.jitter_budget ? rng.uniform(1, c.chunk_budget) : c.chunk_budget;
+    int64_t budget = c.jitter_budget ? rng.integer(1, c.chunk_budget) : c.chunk_budget;
     std::vector<ScheduledRequest> step;
     std::vector<int64_t> q(running.size(), 0);
     for (size_t i = 0; i < running.size(); ++i) {

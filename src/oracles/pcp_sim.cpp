@@ -11,7 +11,7 @@
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/pcp_step_cuda.hpp"
-#include "pcp/rng.hpp"
+#include "dsv41kv/rng.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -278,7 +278,7 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   std::vector<int32_t> pages(static_cast<size_t>(total));
   for (int64_t i = 0; i < total; ++i) pages[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
   for (int64_t i = total - 1; i > 0; --i)
-    std::swap(pages[static_cast<size_t>(i)], pages[static_cast<size_t>(rng.uniform(0, i))]);
+    std::swap(pages[static_cast<size_t>(i)], pages[static_cast<size_t>(rng.integer(0, i))]);
   m.num_pages = total + 1;
   size_t next = 0;
   for (size_t i = 0; i < w.requests.size(); ++i) {

@@ -1,0 +1,50 @@
+// Internal contract between the public cache API (validation + dispatch, cache.cpp), the CPU
+// backend (cpu.cpp) and the CUDA backend (cuda/). Validation happens once, on the host, before
+// any backend runs (plan.cpp): plan_*() checks dtypes, shapes, strides and devices and returns the
+// derived sizes; check_*_values() additionally checks data values and runs only for host views
+// (the CUDA kernels bound every index they dereference and skip what is out of range).
+#pragma once
+
+#include <cstdint>
+
+#include "dsv41kv/cache.hpp"
+#include "formats/insert.hpp"
+
+namespace dsv41kv::detail {
+
+// insert(): the views of the insert rule (formats/insert.hpp).
+InsertViews insert_views(const InsertArgs& a);
+
+struct GatherPlan {
+  Device device = Device::CPU;
+  int64_t M = 0;
+  int64_t out_row_stride = 0;
+  int64_t capacity = 0;
+};
+GatherPlan plan_gather(const GatherArgs& a);
+void check_gather_values(const GatherArgs& a, const GatherPlan& p);
+
+struct SaveRingRowsPlan {
+  Device device = Device::CPU;
+  int64_t G = 0;
+  int64_t prev_row_stride = 0;
+  int64_t cap = 0, ring_blocks = 0, ring_block_stride = 0, ring_row_stride = 0;
+};
+SaveRingRowsPlan plan_save_ring_rows(const SaveRingRowsArgs& a);
+void check_save_ring_rows_values(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p);
+
+namespace cpu {
+void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
+void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
+void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
+}  // namespace cpu
+
+#if defined(DSV41KV_WITH_CUDA)
+namespace cuda {
+void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
+void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
+void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
+}  // namespace cuda
+#endif
+
+}  // namespace dsv41kv::detail

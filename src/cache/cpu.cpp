@@ -1,0 +1,48 @@
+// CPU backend of the cache ops: the normative reference the CUDA backend is compared with bit for
+// bit (SPEC 0.4 item 2), following SPEC 5.1 / 5.3 / 7.5 literally through the format rules of
+// formats/insert.hpp. Arguments were validated by the public API (cache.cpp, plan.cpp) before any
+// of this runs. Inserts and gathers are split over threads by ctx.num_threads; each output is
+// produced by one thread in an order independent of the split, so results do not depend on the
+// thread count. save_ring_rows is a serial copy in gathered-row order.
+#include <cstring>
+
+#include "cache/backend.hpp"
+#include "core/parallel.hpp"
+
+namespace dsv41kv::detail::cpu {
+
+void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
+  InsertRows io;
+  io.latent = a.latent.ptr<const uint16_t>();
+  io.pos = a.positions.ptr<const int64_t>();
+  io.table = a.rope_table.ptr<const float>();
+  io.slot = a.slots.ptr<const int64_t>();
+  io.cache = a.cache;
+  insert_rows_cpu(io, p.ratio, p.N, ctx);
+}
+
+// SPEC 5.3: out[i] = decode(state at slots[i]) for slots[i] >= 0.
+void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
+  const auto* slots = a.slots.ptr<const int64_t>();
+  auto* out = a.out.ptr<uint16_t>();
+  parallel_for(p.M, ctx, 64, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i)
+      if (slots[i] >= 0) read_state(a.cache, slots[i], out + i * p.out_row_stride);
+  });
+}
+
+// SPEC 7.5: copy prev_rows[g] to ring row ring_write_slots[g] for every g with a slot >= 0,
+// serially in g order.
+void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext&) {
+  const auto* slots = a.ring_write_slots.ptr<const int64_t>();
+  const auto* prev = a.prev_rows.ptr<const float>();
+  auto* ring = a.ring.ptr<float>();
+  for (int64_t g = 0; g < p.G; ++g) {
+    const int64_t slot = slots[g];
+    if (slot < 0) continue;
+    float* dst = ring + (slot / p.cap) * p.ring_block_stride + (slot % p.cap) * p.ring_row_stride;
+    std::memcpy(dst, prev + g * p.prev_row_stride, sizeof(float) * kRingRowFloats);
+  }
+}
+
+}  // namespace dsv41kv::detail::cpu
