@@ -2,14 +2,16 @@
 # GPU checks of the CUDA backend, for the device machine (H200). Stages, in order (default all):
 #   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
 #             (+ dsv41kv-access-ceiling, which test_gpu's CLI tests run)
-#   test      $BUILD/test_gpu (every CUDA kernel vs the CPU reference, graphs, conformance)
+#   test      $BUILD/test_gpu (every module's *_gpu tests: every CUDA kernel vs the CPU reference,
+#             graphs, conformance, the CLI on the device)
 #   sanitize  compute-sanitizer memcheck and racecheck on every suite of test_gpu, child processes
 #             included (the CLI tests run `dsv41kv`), in parts that each get their own time limit:
-#               kernels   every suite but the end-to-end ones (PcpRunGpu, DemoGpu)
-#               e2e       PcpRunGpu and DemoGpu, the NCCL `--launch local` test apart for memcheck
+#               kernels   every suite but the end-to-end ones (PcpRunGpu, RunCliGpu, DemoGpu)
+#               e2e       PcpRunGpu, RunCliGpu and DemoGpu, the NCCL `--launch local` test apart for
+#                         memcheck
 #                         (racecheck: demo and pcp, each alone: together they took 133 s in call
 #                         s9-6 and ran past a 170 s limit in call s10-1, DemoGpu's cuBLAS reports)
-#               nccl      memcheck of PcpRunGpu.CliLaunchLocal* with CUDA API error reports off:
+#               nccl      memcheck of RunCliGpu.CliLaunchLocal* with CUDA API error reports off:
 #                         NCCL's init probes its own kernels with cudaFuncGetAttributes and gets
 #                         cudaErrorNoKernelImageForDevice for the ones it ships without an sm_90
 #                         image (it handles that return; 4 reports in call s9-2). Our own API calls
@@ -136,13 +138,13 @@ stage_sanitize() {
     san_run memcheck filter "$SAN_FILTER" || rc=1
     san_run racecheck filter "$SAN_FILTER" || rc=1
   else
-    local e2e='PcpRunGpu.*:DemoGpu.*'
+    local e2e='PcpRunGpu.*:RunCliGpu.*:DemoGpu.*'
     san_run memcheck kernels "-$e2e" || rc=1
-    san_run memcheck e2e "$e2e-PcpRunGpu.CliLaunchLocal*" || rc=1
-    san_run memcheck nccl 'PcpRunGpu.CliLaunchLocal*' --report-api-errors no || rc=1
+    san_run memcheck e2e "$e2e-RunCliGpu.CliLaunchLocal*" || rc=1
+    san_run memcheck nccl 'RunCliGpu.CliLaunchLocal*' --report-api-errors no || rc=1
     san_run racecheck kernels "-$e2e" || rc=1
     san_run racecheck demo 'DemoGpu.*' || rc=1
-    san_run racecheck pcp 'PcpRunGpu.*' || rc=1
+    san_run racecheck pcp 'PcpRunGpu.*:RunCliGpu.*' || rc=1
   fi
   unset DSV41KV_GPU_TEST_SMALL
   return $rc

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "compressor/batch.hpp"
+#include "support/batch.hpp"
 #include "support/compare.hpp"
 
 namespace dsv41kv::test {

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <string>
 
-#include "compressor/batch.hpp"
+#include "support/batch.hpp"
 #include "support/compare.hpp"
 
 namespace dsv41kv::test {

@@ -5,10 +5,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "dsv41kv/compressor.hpp"
-#include "gpu/gpu_util.hpp"
+#include "support/gpu_util.hpp"
 
 namespace dsv41kv::test {
 
@@ -237,6 +239,44 @@ inline ::testing::AssertionResult outputs_equal(const GpuBatch& b, const GpuBatc
   if (!r) return r;
   if (b.bf16_cache()) return bits_equal(b.cache16, d.cache16.download(), what + ": cache backing");
   return bits_equal(b.cache8, d.cache8.download(), what + ": cache backing");
+}
+
+// A batch spec as a short name for test messages.
+inline std::string gpu_batch_name(const GpuBatchSpec& s) {
+  return std::string("r") + std::to_string(s.ratio) + " " + record_info(s.format).name +
+         " reqs " + std::to_string(s.num_reqs) + " len " + std::to_string(s.min_len) + ".." +
+         std::to_string(s.max_len) + (s.pcp ? " pcp" : "") + " ring+" +
+         std::to_string(s.ring_block_extra) + " page+" + std::to_string(s.page_extra) + " off " +
+         std::to_string(s.cache_offset);
+}
+
+// Sizes that exercise both program geometries (<= 1024 programs: four warps per token).
+inline std::vector<GpuBatchSpec> gpu_batch_shapes(int ratio) {
+  std::vector<GpuBatchSpec> v;
+  GpuBatchSpec decode;
+  decode.ratio = ratio;
+  decode.num_reqs = 200;
+  decode.min_len = 1;
+  decode.max_len = 1;
+  v.push_back(decode);
+  GpuBatchSpec small;  // short chunks, empty requests, wraps of the ring
+  small.ratio = ratio;
+  small.num_reqs = 9;
+  small.max_len = 30;
+  small.ring_block_extra = 1;  // unaligned ring rows
+  small.page_extra = 3;        // unaligned pages
+  small.cache_offset = 5;
+  v.push_back(small);
+  GpuBatchSpec prefill;  // > 1024 programs: one warp per token
+  prefill.ratio = ratio;
+  prefill.num_reqs = 6;
+  // DSV41KV_GPU_TEST_SMALL=1 (sanitizer runs): still > 1024 programs for both ratios
+  const bool small_mode = std::getenv("DSV41KV_GPU_TEST_SMALL") != nullptr;
+  prefill.min_len = small_mode ? 360 : 300;
+  prefill.max_len = small_mode ? 420 : 900;
+  prefill.S = 64 / ratio;
+  v.push_back(prefill);
+  return v;
 }
 
 }  // namespace dsv41kv::test

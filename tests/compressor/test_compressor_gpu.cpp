@@ -14,51 +14,10 @@
 
 #include "compressor/cuda/tuning.hpp"
 #include "dsv41kv/compressor.hpp"
-#include "gpu/gpu_batch.hpp"
+#include "support/gpu_batch.hpp"
 
 namespace dsv41kv::test {
 namespace {
-
-const RecordFormat kFormats[] = {RecordFormat::V4_584, RecordFormat::MXFP8_528,
-                                 RecordFormat::NVFP4_288, RecordFormat::PLAIN_BF16,
-                                 RecordFormat::PLAIN_FP8};
-
-std::string name_of(const GpuBatchSpec& s) {
-  return std::string("r") + std::to_string(s.ratio) + " " + record_info(s.format).name +
-         " reqs " + std::to_string(s.num_reqs) + " len " + std::to_string(s.min_len) + ".." +
-         std::to_string(s.max_len) + (s.pcp ? " pcp" : "") + " ring+" +
-         std::to_string(s.ring_block_extra) + " page+" + std::to_string(s.page_extra) + " off " +
-         std::to_string(s.cache_offset);
-}
-
-// Sizes that exercise both program geometries (<= 1024 programs: four warps per token).
-std::vector<GpuBatchSpec> shapes(int ratio) {
-  std::vector<GpuBatchSpec> v;
-  GpuBatchSpec decode;
-  decode.ratio = ratio;
-  decode.num_reqs = 200;
-  decode.min_len = 1;
-  decode.max_len = 1;
-  v.push_back(decode);
-  GpuBatchSpec small;  // short chunks, empty requests, wraps of the ring
-  small.ratio = ratio;
-  small.num_reqs = 9;
-  small.max_len = 30;
-  small.ring_block_extra = 1;  // unaligned ring rows
-  small.page_extra = 3;        // unaligned pages
-  small.cache_offset = 5;
-  v.push_back(small);
-  GpuBatchSpec prefill;  // > 1024 programs: one warp per token
-  prefill.ratio = ratio;
-  prefill.num_reqs = 6;
-  // DSV41KV_GPU_TEST_SMALL=1 (sanitizer runs): still > 1024 programs for both ratios
-  const bool small_mode = std::getenv("DSV41KV_GPU_TEST_SMALL") != nullptr;
-  prefill.min_len = small_mode ? 360 : 300;
-  prefill.max_len = small_mode ? 420 : 900;
-  prefill.S = 64 / ratio;
-  v.push_back(prefill);
-  return v;
-}
 
 // Puts the streaming kernel's chunk size and row mechanism back to the library's choice when a
 // test that forced one ends (also on a failed assertion).
@@ -98,7 +57,7 @@ class CompressorGpu : public GpuTest {
     GpuBatchDev d(b);
     compress_insert(compress_insert_args(b, nullptr, with_latent));
     compress_insert(compress_insert_args(b, &d, with_latent));
-    return outputs_equal(b, d, what + " " + name_of(s));
+    return outputs_equal(b, d, what + " " + gpu_batch_name(s));
   }
 };
 
@@ -106,42 +65,24 @@ TEST_F(CompressorGpu, CompressMatchesCpu) {
   for (int ratio : {1, 2})
     for (bool pcp : {false, true}) {
       if (pcp && ratio == 1) continue;
-      for (GpuBatchSpec s : shapes(ratio)) {
+      for (GpuBatchSpec s : gpu_batch_shapes(ratio)) {
         s.pcp = pcp;
         GpuBatch b = GpuBatch::make(s, rng());
         GpuBatchDev d(b);
         compress(compress_args(b, nullptr));
         compress(compress_args(b, &d));
-        EXPECT_TRUE(outputs_equal(b, d, "compress " + name_of(s)));
+        EXPECT_TRUE(outputs_equal(b, d, "compress " + gpu_batch_name(s)));
       }
     }
-}
-
-TEST_F(CompressorGpu, InsertMatchesCpuEveryFormat) {
-  for (int ratio : {1, 2})
-    for (RecordFormat f : kFormats)
-      for (GpuBatchSpec s : shapes(ratio)) {
-        s.format = f;
-        s.nonfinite_fraction = 0.002;  // poisoned tiles
-        GpuBatch b = GpuBatch::make(s, rng());
-        // random latent rows (NaN rows included): the insert reads every closing row
-        for (auto& v : b.latent) v = num::bf16_encode(static_cast<float>(rng().normal() * 3.0));
-        for (int64_t k = 0; k < 5; ++k)
-          b.latent[static_cast<size_t>(rng().integer(0, static_cast<int64_t>(b.latent.size()) - 1))] = 0x7F80;
-        GpuBatchDev d(b);
-        insert(insert_args(b, nullptr));
-        insert(insert_args(b, &d));
-        EXPECT_TRUE(outputs_equal(b, d, "insert " + name_of(s)));
-      }
 }
 
 // Both launch modes (ExecContext::programmatic_launch: the default PDL launch and the plain one).
 TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
   for (int ratio : {1, 2})
-    for (RecordFormat f : kFormats)
+    for (RecordFormat f : kAllRecordFormats)
       for (bool with_latent : {true, false})
         for (bool pdl : {true, false})
-          for (GpuBatchSpec s : shapes(ratio)) {
+          for (GpuBatchSpec s : gpu_batch_shapes(ratio)) {
             s.format = f;
             s.pcp = ratio == 2 && with_latent && f == RecordFormat::V4_584;
             s.nonfinite_fraction = f == RecordFormat::MXFP8_528 ? 0.001 : 0.0;
@@ -152,7 +93,7 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
             compress_insert(compress_insert_args(b, nullptr, with_latent));
             compress_insert(compress_insert_args(b, &d, with_latent), ctx);
             EXPECT_TRUE(outputs_equal(b, d,
-                                      "compress_insert " + name_of(s) +
+                                      "compress_insert " + gpu_batch_name(s) +
                                           (with_latent ? " +latent" : " no latent") +
                                           (pdl ? " pdl" : " plain launch")));
           }
@@ -168,11 +109,11 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   const StreamChunkReset reset;
   for (const StreamMech& m : kStreamMechs)
     for (int ratio : {1, 2})
-      for (RecordFormat f : kFormats)
+      for (RecordFormat f : kAllRecordFormats)
         for (bool pcp : {false, true}) {
           if (pcp && ratio == 1) continue;
           m.set();
-          GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
+          GpuBatchSpec s = gpu_batch_shapes(ratio)[2];  // the streaming-kernel shape
           s.format = f;
           s.pcp = pcp;
           EXPECT_TRUE(fused_matches_cpu(s, m.name()));
@@ -187,11 +128,11 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
   for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
     for (int ratio : {1, 2}) {
       detail::cuda::set_stream_chunk_override(chunk);
-      GpuBatch b = GpuBatch::make(shapes(ratio)[2], rng());
+      GpuBatch b = GpuBatch::make(gpu_batch_shapes(ratio)[2], rng());
       GpuBatchDev d(b);
       compress(compress_args(b, nullptr));
       compress(compress_args(b, &d));
-      EXPECT_TRUE(outputs_equal(b, d, "compress chunk " + std::to_string(chunk) + " " + name_of(b.s)));
+      EXPECT_TRUE(outputs_equal(b, d, "compress chunk " + std::to_string(chunk) + " " + gpu_batch_name(b.s)));
     }
 }
 
@@ -203,14 +144,14 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
 TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
   const StreamChunkReset reset;
   for (int ratio : {1, 2})
-    for (RecordFormat f : kFormats) {
-      GpuBatchSpec dec = shapes(ratio)[0];
+    for (RecordFormat f : kAllRecordFormats) {
+      GpuBatchSpec dec = gpu_batch_shapes(ratio)[0];
       dec.format = f;
       dec.kv_row_extra = 48;
       EXPECT_TRUE(fused_matches_cpu(dec, "kv row stride +48"));
       for (const StreamMech& m : kStreamMechs) {
         m.set();
-        GpuBatchSpec s = shapes(ratio)[2];  // the streaming-kernel shape
+        GpuBatchSpec s = gpu_batch_shapes(ratio)[2];  // the streaming-kernel shape
         s.format = f;
         s.kv_row_extra = 16;
         EXPECT_TRUE(fused_matches_cpu(s, "kv row stride +16, " + m.name()));
@@ -229,7 +170,7 @@ TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
   } taper_reset;
   detail::cuda::set_stream_chunk_override(detail::cuda::kChunkLarge);
   for (int chunk : {1, 3, detail::cuda::kChunkLarge - 1})
-    for (RecordFormat f : kFormats) {
+    for (RecordFormat f : kAllRecordFormats) {
       detail::cuda::StreamTaper tp;  // head: 0.02 waves of 2; tail: 0.05 waves of `chunk`, 0.02 of 1
       tp.set = true;
       tp.nhead = 1;
@@ -241,7 +182,7 @@ TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
       tp.tail_waves[1] = 0.02;
       tp.tail_chunk[1] = 1;
       detail::cuda::set_stream_taper_override(tp);
-      GpuBatchSpec s = shapes(1)[2];
+      GpuBatchSpec s = gpu_batch_shapes(1)[2];
       s.format = f;
       EXPECT_TRUE(fused_matches_cpu(s, "part chunk " + std::to_string(chunk)));
     }
@@ -253,8 +194,8 @@ TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
 // records.
 TEST_F(CompressorGpu, FusedEqualsSeparateKernels) {
   for (int ratio : {1, 2})
-    for (RecordFormat f : kFormats) {
-      GpuBatchSpec s = shapes(ratio)[2];
+    for (RecordFormat f : kAllRecordFormats) {
+      GpuBatchSpec s = gpu_batch_shapes(ratio)[2];
       s.format = f;
       s.invalid_slot_fraction = 0.0;
       s.null_request = false;
@@ -277,75 +218,6 @@ TEST_F(CompressorGpu, FusedEqualsSeparateKernels) {
     }
 }
 
-TEST_F(CompressorGpu, GatherMatchesCpuEveryFormat) {
-  for (RecordFormat f : kFormats) {
-    const int64_t S = 16, pages = 9;
-    CacheView host = CacheView::with_default_strides(nullptr, f, pages, S);
-    host.page_stride += 7;
-    host.fp8_scale = 0.75f;
-    const bool bf16 = f == RecordFormat::PLAIN_BF16;
-    const size_t n = static_cast<size_t>(pages * host.page_stride);
-    std::vector<uint8_t> c8;
-    std::vector<uint16_t> c16;
-    if (bf16) {
-      c16.resize(n);
-      for (auto& v : c16) v = num::bf16_encode(static_cast<float>(rng().normal()));
-    } else {
-      c8.resize(n);
-      for (auto& v : c8) v = static_cast<uint8_t>(rng().next());
-    }
-    const int64_t M = 777;
-    std::vector<int64_t> slots(static_cast<size_t>(M));
-    for (auto& v : slots) v = rng().uniform() < 0.1 ? -1 : rng().integer(0, pages * S - 1);
-    const int64_t out_stride = 520;
-    std::vector<uint16_t> out(static_cast<size_t>(M * out_stride), kBf16Sentinel);
-    DeviceBuffer<uint8_t> d8(bf16 ? std::vector<uint8_t>(1) : c8);
-    DeviceBuffer<uint16_t> d16(bf16 ? c16 : std::vector<uint16_t>(1));
-    DeviceBuffer<int64_t> ds(slots);
-    DeviceBuffer<uint16_t> dout(out);
-    GatherArgs ha, da;
-    ha.cache = host;
-    ha.cache.base = bf16 ? static_cast<void*>(c16.data()) : c8.data();
-    ha.slots = TensorView::contiguous(slots.data(), DType::I64, {M});
-    ha.out = TensorView::strided(out.data(), DType::BF16, {M, 512}, {out_stride, 1});
-    da = ha;
-    da.cache.base = bf16 ? static_cast<void*>(d16.data()) : d8.data();
-    da.cache.device = Device::CUDA;
-    da.slots = ds.view1();
-    da.out = dout.strided({M, 512}, {out_stride, 1});
-    gather(ha);
-    gather(da);
-    EXPECT_TRUE(bits_equal(out, dout.download(), std::string("gather ") + record_info(f).name));
-  }
-}
-
-TEST_F(CompressorGpu, SaveRingRowsMatchesCpu) {
-  for (int64_t extra : {16, 1}) {
-    const int64_t G = 40, blocks = 30, cap = 8, bs = cap * 1024 + extra;
-    std::vector<float> prev = random_f32(static_cast<size_t>(G * 1024), rng());
-    std::vector<float> ring = random_f32(static_cast<size_t>(blocks * bs), rng());
-    std::vector<int64_t> blk(static_cast<size_t>(blocks));
-    for (int64_t i = 0; i < blocks; ++i) blk[static_cast<size_t>(i)] = i;
-    rng().shuffle(blk);
-    std::vector<int64_t> slots(static_cast<size_t>(G), -1);
-    for (int64_t g = 0; g < G; ++g)
-      if (g < blocks && rng().uniform() < 0.7)
-        slots[static_cast<size_t>(g)] = blk[static_cast<size_t>(g)] * cap + rng().integer(0, cap - 1);
-    DeviceBuffer<float> dprev(prev), dring(ring);
-    DeviceBuffer<int64_t> dslots(slots);
-    SaveRingRowsArgs h, dv;
-    h.prev_rows = TensorView::contiguous(prev.data(), DType::F32, {G, 1024});
-    h.ring_write_slots = TensorView::contiguous(slots.data(), DType::I64, {G});
-    h.ring = TensorView::strided(ring.data(), DType::F32, {blocks, cap, 1024}, {bs, 1024, 1});
-    dv.prev_rows = dprev.view({G, 1024});
-    dv.ring_write_slots = dslots.view1();
-    dv.ring = dring.strided({blocks, cap, 1024}, {bs, 1024, 1});
-    save_ring_rows(h);
-    save_ring_rows(dv);
-    EXPECT_TRUE(bits_equal(ring, dring.download(), "save_ring_rows ring backing"));
-  }
-}
-
 // Capture compress_insert + gather on a stream into a CUDA graph; replaying it over new
 // inputs (copied into the same buffers) must give exactly the eager results. Decode (the
 // graph-replayed case) for both ratios, and the ratio-1 streaming kernels whose launches carry
@@ -365,7 +237,7 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
   for (const Case& cs : cases) {
     const int ratio = cs.ratio;
     cs.mech.set();
-    GpuBatchSpec s = shapes(ratio)[cs.shape];
+    GpuBatchSpec s = gpu_batch_shapes(ratio)[cs.shape];
     s.format = cs.f;
     GpuBatch b1 = GpuBatch::make(s, rng());
     GpuBatch b2 = b1;  // same batch layout, new row and ring contents
@@ -427,7 +299,7 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
         gout.upload(std::vector<uint16_t>(static_cast<size_t>(M * 512), kBf16Sentinel));
         GPU_CHECK(cudaGraphLaunch(exec, st));
         GPU_CHECK(cudaStreamSynchronize(st));
-        const std::string w = "graph replay r" + std::to_string(ratio) + " " + name_of(s) + " " + cs.mech.name() +
+        const std::string w = "graph replay r" + std::to_string(ratio) + " " + gpu_batch_name(s) + " " + cs.mech.name() +
                               " set " + std::to_string(which);
         EXPECT_TRUE(bits_equal(eager_cache[static_cast<size_t>(which)], d.cache8.download(), w + " cache"));
         EXPECT_TRUE(bits_equal(eager_lat[static_cast<size_t>(which)], d.latent.download(), w + " latent"));
@@ -534,7 +406,7 @@ struct DecodeChain {
 TEST_F(CompressorGpu, LaunchChainEqualsCpuInEveryLaunchMode) {
   for (int ratio : {1, 2})
     for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::NVFP4_288}) {
-      GpuBatchSpec s = shapes(ratio)[0];  // decode: 200 requests x 1 token
+      GpuBatchSpec s = gpu_batch_shapes(ratio)[0];  // decode: 200 requests x 1 token
       s.format = f;
       DecodeChain c(s, rng());
       cudaStream_t st;
@@ -579,7 +451,7 @@ TEST_F(CompressorGpu, LaunchChainEqualsCpuInEveryLaunchMode) {
 // joins the capture through the first step's event), against the CPU's serial result.
 TEST_F(CompressorGpu, TwoStreamChainEqualsCpu) {
   for (int ratio : {1, 2}) {
-    GpuBatchSpec s = shapes(ratio)[0];
+    GpuBatchSpec s = gpu_batch_shapes(ratio)[0];
     s.format = RecordFormat::MXFP8_528;
     DecodeChain c(s, rng());
     cudaStream_t st[2];
@@ -628,7 +500,7 @@ TEST_F(CompressorGpu, TwoStreamChainEqualsCpu) {
 
 // Bad inputs are rejected on the host before any launch: the device outputs keep their bytes.
 TEST_F(CompressorGpu, BadInputsRejectedBeforeLaunch) {
-  GpuBatchSpec s = shapes(2)[1];
+  GpuBatchSpec s = gpu_batch_shapes(2)[1];
   GpuBatch b = GpuBatch::make(s, rng());
   GpuBatchDev d(b);
   auto expect_untouched = [&](const char* what) {
@@ -687,13 +559,13 @@ TEST_F(CompressorGpu, OutOfRangeDeviceValuesAreSkipped) {
     for (int shape : {1, 2})
       for (RecordFormat f : {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288,
                              RecordFormat::PLAIN_BF16, RecordFormat::PLAIN_FP8}) {
-        GpuBatchSpec s = shapes(ratio)[static_cast<size_t>(shape)];
+        GpuBatchSpec s = gpu_batch_shapes(ratio)[static_cast<size_t>(shape)];
         s.format = f;
         if (shape == 2) s.page_extra = 5;  // page padding in the streaming-kernel shape too
         GpuBatch b = GpuBatch::make(s, rng());
         GpuBatch ref = b;  // the clean batch: the CPU reference
         compress_insert(compress_insert_args(ref, nullptr, true));
-        const std::string w = "r" + std::to_string(ratio) + " " + name_of(s) + " " + record_info(f).name;
+        const std::string w = "r" + std::to_string(ratio) + " " + gpu_batch_name(s) + " " + record_info(f).name;
 
         std::vector<char> dirty(static_cast<size_t>(s.num_reqs), 0);  // requests holding a poison
         auto req_of = [&](int64_t t) { return static_cast<size_t>(b.t2r[static_cast<size_t>(t)]); };

@@ -15,7 +15,7 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/pcp.hpp"
 #include "dsv41kv/pcp_cuda.hpp"
-#include "gpu/gpu_util.hpp"
+#include "support/gpu_util.hpp"
 
 namespace dsv41kv::test {
 namespace {

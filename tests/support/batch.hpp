@@ -3,6 +3,8 @@
 // predecessor is simply "the previous token of its chunk, else the ring row (p-1) % cap".
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -10,6 +12,7 @@
 #include "compressor/compress_math.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "support/canary.hpp"
+#include "support/compare.hpp"
 #include "support/random.hpp"
 
 namespace dsv41kv::test {
@@ -254,6 +257,22 @@ inline void write_expected(void* base, RecordFormat f, int64_t S, int64_t page_s
       rec::write_plain_fp8(b8 + page * page_stride + off * row_stride, y, 1.0f / fp8_scale);
       break;
   }
+}
+
+// The batch of the validation tests (three requests of 1, 5 and 13 tokens starting at 7, 8, 13),
+// and the check that a rejected call wrote nothing into its canary-filled outputs.
+inline Batch base_batch(int ratio = 2) {
+  Rng rng(123 + ratio);
+  BatchSpec s;
+  s.ratio = ratio;
+  s.lengths = {1, 5, 13};
+  s.starts = {7, 8, 13};
+  return Batch::make(s, rng);
+}
+inline void expect_untouched(const Batch& b) {
+  EXPECT_TRUE(bits_equal(b.ring_in, b.ring.vec(), "ring"));
+  EXPECT_TRUE(b.latent.untouched()) << "latent written";
+  EXPECT_TRUE(b.cache_u8.untouched()) << "cache written";
 }
 
 }  // namespace dsv41kv::test

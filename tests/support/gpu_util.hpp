@@ -125,4 +125,34 @@ class DeviceBuffer {
   size_t off_ = 0;
 };
 
+// A sweep's outcome: how many inputs mismatched and the smallest mismatching input (bit
+// pattern or packed word; all ones when none).
+struct SweepResult {
+  unsigned long long mismatches = ~0ull;  // stays non-zero unless the sweep ran and came back
+  uint32_t first = 0;
+};
+
+// Runs `launch(count, first)` (one sweep kernel launch) on a zeroed device counter and a
+// first-mismatch slot of all ones, and downloads both into `out`. Call it under
+// ASSERT_NO_FATAL_FAILURE: a failing CUDA call ends the test.
+template <class Launch>
+void run_sweep(Launch&& launch, SweepResult& out) {
+  struct DevWords {
+    unsigned long long* cnt = nullptr;
+    uint32_t* first = nullptr;
+    ~DevWords() {
+      cudaFree(cnt);
+      cudaFree(first);
+    }
+  } d;
+  GPU_CHECK(cudaMalloc(&d.cnt, sizeof *d.cnt));
+  GPU_CHECK(cudaMalloc(&d.first, sizeof *d.first));
+  GPU_CHECK(cudaMemset(d.cnt, 0, sizeof *d.cnt));
+  GPU_CHECK(cudaMemset(d.first, 0xFF, sizeof *d.first));
+  launch(d.cnt, d.first);
+  GPU_CHECK(cudaGetLastError());
+  GPU_CHECK(cudaMemcpy(&out.mismatches, d.cnt, sizeof out.mismatches, cudaMemcpyDeviceToHost));
+  GPU_CHECK(cudaMemcpy(&out.first, d.first, sizeof out.first, cudaMemcpyDeviceToHost));
+}
+
 }  // namespace dsv41kv::test

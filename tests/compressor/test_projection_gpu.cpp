@@ -10,7 +10,7 @@
 
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/projection_cuda.hpp"
-#include "gpu/gpu_util.hpp"
+#include "support/gpu_util.hpp"
 
 namespace dsv41kv::test {
 namespace {

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "gpu/gpu_util.hpp"
+#include "support/gpu_util.hpp"
 #include "support/cli.hpp"
 
 namespace dsv41kv::test {
