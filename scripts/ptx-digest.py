@@ -43,11 +43,17 @@ def ptx_command(entry, arch, out):
 # Anonymous namespaces are mangled with the file's name and a hash of it
 # (_GLOBAL__N__54898a8b_14_insert_cuda_cu_a7aac843): moving a file renames them, nothing else.
 ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]{8}_\d+_[A-Za-z0-9_]*?_[0-9a-f]{8}(?:_\d+)?")
+# file-local entities of the CUDA headers are mangled the same way (_INTERNAL_83ff9afc_12_link_cuda_cu_705df458)
+INTERNAL = re.compile(r"\d+_INTERNAL_[0-9a-f]{8}_\d+_[A-Za-z0-9_]*?_[0-9a-f]{8}")
 
 
 def units(text):
     """Top-level PTX units keyed by name: functions (with body) and global declarations."""
     text = ANON.sub("ANON", text)
+    text = INTERNAL.sub("INTERNAL", text)
+    # basic-block labels carry the function's index in its translation unit ($L__BB9_4)
+    text = re.sub(r"\$L__BB\d+_", "$L__BB_", text)
+    text = re.sub(r"__local_depot\d+", "__local_depot", text)
     lines = []
     for ln in text.splitlines():
         s = ln.strip()

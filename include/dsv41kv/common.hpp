@@ -111,11 +111,15 @@ struct TensorView {
 // decode-sized kernel then reads them before waiting for that kernel (kv_score, the ring,
 // prev_row_indices, prev_rows, the RoPE table and every output only after): one dependent round
 // trip less per layer. Breaking the promise is a data race.
+// `compress_tuning` (CUDA compress and compress_insert; null: the library's choices): launch
+// choices for benchmarks and tests (tuning.hpp), never a change of results.
+struct CompressTuning;
 struct ExecContext {
   void* stream = nullptr;
   int num_threads = 0;
   bool programmatic_launch = true;
   bool pdl_early_metadata = false;
+  const CompressTuning* compress_tuning = nullptr;
 };
 
 }  // namespace dsv41kv

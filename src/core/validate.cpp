@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "dsv41kv/records.hpp"
+#include "dsv41kv/tuning.hpp"
 
 namespace dsv41kv::detail {
 
@@ -24,6 +25,33 @@ void check_exec_context(const ExecContext& ctx, const char* op) {
   if (ctx.num_threads < 0)
     invalid_argument(
         fmt::format("{}: ctx.num_threads = {}, expected >= 0 (0 = hardware concurrency)", op, ctx.num_threads));
+  if (ctx.compress_tuning != nullptr) check_compress_tuning(*ctx.compress_tuning, op);
+}
+
+void check_compress_tuning(const CompressTuning& t, const char* op) {
+  const char* arg = "ctx.compress_tuning";
+  if (t.program_warps != 0 && t.program_warps != 1 && t.program_warps != 4)
+    bad_arg(op, arg, fmt::format("program_warps = {}, expected 0, 1 or 4", t.program_warps));
+  if (t.stream_chunk != 0 && t.stream_chunk != kStreamChunkSmall && t.stream_chunk != kStreamChunkLarge)
+    bad_arg(op, arg,
+            fmt::format("stream_chunk = {}, expected 0, {} or {}", t.stream_chunk, kStreamChunkLarge, kStreamChunkSmall));
+  if (t.stream_rows < 0 || t.stream_rows > 2)
+    bad_arg(op, arg, fmt::format("stream_rows = {}, expected 0, 1 or 2", t.stream_rows));
+  const StreamTaper& tp = t.taper;
+  if (tp.nhead < 0 || tp.nhead > kStreamHeadMax || tp.ntail < 0 || tp.ntail > kStreamTailMax)
+    bad_arg(op, arg,
+            fmt::format("taper: {} head and {} tail parts, expected at most {} and {}", tp.nhead, tp.ntail,
+                        kStreamHeadMax, kStreamTailMax));
+  auto parts = [&](const char* which, const double* waves, const int* chunks, int n) {
+    for (int k = 0; k < n; ++k)
+      if (!(waves[k] > 0.0 && waves[k] <= 1000.0) || chunks[k] < 1 || chunks[k] >= kStreamChunkSmall)
+        bad_arg(op, arg,
+                fmt::format("taper: {} part {}: {:f} waves, chunk {}, expected waves in (0, 1000] and a chunk in "
+                            "[1, {}]",
+                            which, k, waves[k], chunks[k], kStreamChunkSmall - 1));
+  };
+  parts("head", tp.head_waves, tp.head_chunk, tp.nhead);
+  parts("tail", tp.tail_waves, tp.tail_chunk, tp.ntail);
 }
 
 void need_present(const char* op, const TensorView& v, const char* arg, const char* what) {
@@ -184,3 +212,7 @@ void check_slots_below(const char* op, const char* arg, std::span<const int64_t>
 }
 
 }  // namespace dsv41kv::detail
+
+namespace dsv41kv {
+void validate_compress_tuning(const CompressTuning& t) { detail::check_compress_tuning(t, "compress_tuning"); }
+}  // namespace dsv41kv

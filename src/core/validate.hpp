@@ -24,8 +24,9 @@ namespace dsv41kv::detail {
 // build without CUDA.
 [[noreturn]] void built_without_cuda(const char* what);
 
-// ctx.num_threads >= 0.
+// ctx.num_threads >= 0 and, when given, valid compress tuning values.
 void check_exec_context(const ExecContext& ctx, const char* op);
+void check_compress_tuning(const CompressTuning& t, const char* op);
 
 // ---------------------------------------------------------------- views (valid for device views)
 

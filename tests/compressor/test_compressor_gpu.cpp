@@ -12,21 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "compressor/cuda/tuning.hpp"
 #include "dsv41kv/compressor.hpp"
+#include "dsv41kv/tuning.hpp"
 #include "support/gpu_batch.hpp"
 
 namespace dsv41kv::test {
 namespace {
 
-// Puts the streaming kernel's chunk size and row mechanism back to the library's choice when a
-// test that forced one ends (also on a failed assertion).
-struct StreamChunkReset {
-  ~StreamChunkReset() {
-    detail::cuda::set_stream_chunk_override(0);
-    detail::cuda::set_stream_rows_override(0);
-  }
-};
 // The streaming kernel's row mechanisms: chunk 8 (ratio 1: TMA rows, swizzled), chunk 16 with
 // TMA where allowed (ratio-1 NVFP4: rows and RoPE entries, rotated reads; the library picks it
 // for large grids only), chunk 16 with cp.async rows.
@@ -36,19 +28,26 @@ struct StreamMech {
   std::string name() const {
     return "chunk " + std::to_string(chunk) + (rows == 1 ? " cp.async rows" : rows == 2 ? " TMA rows" : "");
   }
-  void set() const {
-    detail::cuda::set_stream_chunk_override(chunk);
-    detail::cuda::set_stream_rows_override(rows);
+  void set(CompressTuning& t) const {
+    t.stream_chunk = chunk;
+    t.stream_rows = rows;
   }
 };
-const StreamMech kStreamMechs[] = {
-    {detail::cuda::kChunkLarge, 0}, {detail::cuda::kChunkSmall, 2}, {detail::cuda::kChunkSmall, 1}};
+const StreamMech kStreamMechs[] = {{kStreamChunkLarge, 0}, {kStreamChunkSmall, 2}, {kStreamChunkSmall, 1}};
 
 class CompressorGpu : public GpuTest {
  protected:
+  // The launch choices of the test's GPU calls (tuning.hpp): the library's own unless a test
+  // sets one; ctx_ carries them.
+  CompressTuning tuning_;
+  ExecContext ctx_ = [this] {
+    ExecContext c;
+    c.compress_tuning = &tuning_;
+    return c;
+  }();
   // One fused launch (compress + insert, with the latent output unless told otherwise only for
   // records other than NVFP4) on a fresh batch of shape `s` on the CPU and on the GPU under the
-  // current tuning overrides: outputs byte for byte equal.
+  // test's tuning: outputs byte for byte equal.
   testing::AssertionResult fused_matches_cpu(const GpuBatchSpec& s, const std::string& what) {
     return fused_matches_cpu(s, what, s.format != RecordFormat::NVFP4_288);
   }
@@ -56,7 +55,7 @@ class CompressorGpu : public GpuTest {
     GpuBatch b = GpuBatch::make(s, rng());
     GpuBatchDev d(b);
     compress_insert(compress_insert_args(b, nullptr, with_latent));
-    compress_insert(compress_insert_args(b, &d, with_latent));
+    compress_insert(compress_insert_args(b, &d, with_latent), ctx_);
     return outputs_equal(b, d, what + " " + gpu_batch_name(s));
   }
 };
@@ -106,13 +105,12 @@ TEST_F(CompressorGpu, FusedCompressInsertMatchesCpu) {
 // for both ratios and every record, ratio 2 with the tail policy and PCP, with and without the
 // latent output, and compress alone: each equal to the CPU byte for byte.
 TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
-  const StreamChunkReset reset;
   for (const StreamMech& m : kStreamMechs)
     for (int ratio : {1, 2})
       for (RecordFormat f : kAllRecordFormats)
         for (bool pcp : {false, true}) {
           if (pcp && ratio == 1) continue;
-          m.set();
+          m.set(tuning_);
           GpuBatchSpec s = gpu_batch_shapes(ratio)[2];  // the streaming-kernel shape
           s.format = f;
           s.pcp = pcp;
@@ -125,13 +123,13 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
         }
   // compress alone (no record: its own kernel instantiation, the one the separate path and
   // every compress call of a large batch launch)
-  for (int chunk : {detail::cuda::kChunkLarge, detail::cuda::kChunkSmall})
+  for (int chunk : {kStreamChunkLarge, kStreamChunkSmall})
     for (int ratio : {1, 2}) {
-      detail::cuda::set_stream_chunk_override(chunk);
+      tuning_.stream_chunk = chunk;
       GpuBatch b = GpuBatch::make(gpu_batch_shapes(ratio)[2], rng());
       GpuBatchDev d(b);
       compress(compress_args(b, nullptr));
-      compress(compress_args(b, &d));
+      compress(compress_args(b, &d), ctx_);
       EXPECT_TRUE(outputs_equal(b, d, "compress chunk " + std::to_string(chunk) + " " + gpu_batch_name(b.s)));
     }
 }
@@ -142,7 +140,6 @@ TEST_F(CompressorGpu, StreamChunkSizesMatchCpu) {
 // TMA through a tensor map that carries this stride), for both ratios and every record, equal to
 // the CPU byte for byte.
 TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
-  const StreamChunkReset reset;
   for (int ratio : {1, 2})
     for (RecordFormat f : kAllRecordFormats) {
       GpuBatchSpec dec = gpu_batch_shapes(ratio)[0];
@@ -150,7 +147,7 @@ TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
       dec.kv_row_extra = 48;
       EXPECT_TRUE(fused_matches_cpu(dec, "kv row stride +48"));
       for (const StreamMech& m : kStreamMechs) {
-        m.set();
+        m.set(tuning_);
         GpuBatchSpec s = gpu_batch_shapes(ratio)[2];  // the streaming-kernel shape
         s.format = f;
         s.kv_row_extra = 16;
@@ -161,17 +158,13 @@ TEST_F(CompressorGpu, StridedKvRowsMatchCpu) {
 
 // The ratio-1 streaming grid with head and tail parts (stream_split_r1: here parts of 0.05 and
 // 0.02 waves, i.e. 184 and 73 warps on an H200, so the grid has every kind of segment; the
-// test's batches are too small for the library's own shape, so the override sets one) writes
+// test's batches are too small for the library's own shape, so the tuning sets one) writes
 // what the CPU writes, for every record and part chunk.
 TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
-  const StreamChunkReset reset;
-  struct TaperReset {
-    ~TaperReset() { detail::cuda::set_stream_taper_override({}); }
-  } taper_reset;
-  detail::cuda::set_stream_chunk_override(detail::cuda::kChunkLarge);
-  for (int chunk : {1, 3, detail::cuda::kChunkLarge - 1})
+  tuning_.stream_chunk = kStreamChunkLarge;
+  for (int chunk : {1, 3, kStreamChunkLarge - 1})
     for (RecordFormat f : kAllRecordFormats) {
-      detail::cuda::StreamTaper tp;  // head: 0.02 waves of 2; tail: 0.05 waves of `chunk`, 0.02 of 1
+      StreamTaper& tp = tuning_.taper;  // head: 0.02 waves of 2; tail: 0.05 waves of `chunk`, 0.02 of 1
       tp.set = true;
       tp.nhead = 1;
       tp.head_waves[0] = 0.02;
@@ -181,7 +174,6 @@ TEST_F(CompressorGpu, StreamShapedGridMatchesCpu) {
       tp.tail_chunk[0] = chunk;
       tp.tail_waves[1] = 0.02;
       tp.tail_chunk[1] = 1;
-      detail::cuda::set_stream_taper_override(tp);
       GpuBatchSpec s = gpu_batch_shapes(1)[2];
       s.format = f;
       EXPECT_TRUE(fused_matches_cpu(s, "part chunk " + std::to_string(chunk)));
@@ -224,7 +216,6 @@ TEST_F(CompressorGpu, FusedEqualsSeparateKernels) {
 // TMA tensor maps (chunk 8: kv rows; NVFP4 chunk 16: kv rows and RoPE table), which the graph
 // records by value.
 TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
-  const StreamChunkReset reset;
   struct Case {
     int ratio, shape;
     RecordFormat f;
@@ -232,11 +223,11 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
   };
   const Case cases[] = {{1, 0, RecordFormat::V4_584, {0, 0}},
                         {2, 0, RecordFormat::V4_584, {0, 0}},
-                        {1, 2, RecordFormat::V4_584, {detail::cuda::kChunkLarge, 0}},
-                        {1, 2, RecordFormat::NVFP4_288, {detail::cuda::kChunkSmall, 2}}};
+                        {1, 2, RecordFormat::V4_584, {kStreamChunkLarge, 0}},
+                        {1, 2, RecordFormat::NVFP4_288, {kStreamChunkSmall, 2}}};
   for (const Case& cs : cases) {
     const int ratio = cs.ratio;
-    cs.mech.set();
+    cs.mech.set(tuning_);
     GpuBatchSpec s = gpu_batch_shapes(ratio)[cs.shape];
     s.format = cs.f;
     GpuBatch b1 = GpuBatch::make(s, rng());
@@ -246,7 +237,7 @@ TEST_F(CompressorGpu, GraphCaptureReplayEqualsEager) {
 
     cudaStream_t st;
     GPU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    ExecContext ctx;
+    ExecContext ctx = ctx_;
     ctx.stream = st;
     GpuBatchDev d(b1);
     const int64_t M = b1.num_pages * s.S;

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "compressor/cuda/params.hpp"
-#include "compressor/cuda/tuning.hpp"
 
 namespace dsv41kv::test {
 namespace {
@@ -144,12 +143,9 @@ TEST(StreamSplitHost, ShapedGridsCoverEveryTokenOnce) {
 
 // The launcher's shape (stream_shape_r1): the tapered tail on grids of at least two waves of one
 // chunk per warp (in waves of the resident warps: chunk 8, half a wave of 4, one of 2, a quarter
-// of 1; chunk 16, half a wave of 8, half of 4, a quarter of 2), none below; an override
+// of 1; chunk 16, half a wave of 8, half of 4, a quarter of 2), none below; a tuning's taper
 // replaces it, its parts with a chunk >= C left out.
 TEST(StreamSplitHost, LauncherShapes) {
-  struct Restore {
-    ~Restore() { detail::cuda::set_stream_taper_override({}); }
-  } restore;
   for (int64_t C : {8, 16}) {
     const StreamShape s = stream_shape_r1(262144, C, 924);
     ASSERT_EQ(s.nhead, 0);
@@ -165,14 +161,13 @@ TEST(StreamSplitHost, LauncherShapes) {
   EXPECT_EQ(stream_shape_r1((2 * 924 - 1) * 32 + 1, 8, 924).ntail, 3);
   EXPECT_EQ(stream_shape_r1((2 * 924 - 1) * 32, 8, 924).ntail, 0);
   EXPECT_EQ(stream_shape_r1(32768, 16, 924).ntail, 0);
-  detail::cuda::StreamTaper tp;
+  StreamTaper tp;
   tp.set = true;
   tp.ntail = 1;
   tp.tail_waves[0] = 0.5;
   tp.tail_chunk[0] = 8;
-  detail::cuda::set_stream_taper_override(tp);
-  EXPECT_EQ(stream_shape_r1(262144, 8, 924).ntail, 0);  // chunk 8 is no taper of chunk 8
-  const StreamShape o = stream_shape_r1(1000, 16, 924);  // any grid size
+  EXPECT_EQ(stream_shape_r1(262144, 8, 924, tp).ntail, 0);  // chunk 8 is no taper of chunk 8
+  const StreamShape o = stream_shape_r1(1000, 16, 924, tp);  // any grid size
   ASSERT_EQ(o.ntail, 1);
   EXPECT_EQ(o.tail[0].warps, 1848);
   EXPECT_EQ(o.tail[0].chunk, 8);

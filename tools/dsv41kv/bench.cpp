@@ -37,12 +37,12 @@
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
+#include "dsv41kv/tuning.hpp"
 
 #if defined(DSV41KV_WITH_CUDA)
 #include <cuda_runtime.h>
 
 #include "bench/cuda/timing.hpp"
-#include "compressor/cuda/tuning.hpp"
 #endif
 
 namespace dsv41kv::cli {
@@ -123,10 +123,8 @@ struct BenchOptions {
   std::string only;                 // one workload ("" = all)
   int only_ratio = 0;               // one ratio (0 = both)
   std::string only_record;          // one record format ("" = all)
-  int program_warps = 0;            // detail::cuda::set_program_warps_override
-  int stream_chunk = 0;             // detail::cuda::set_stream_chunk_override
-  int stream_rows = 0;              // detail::cuda::set_stream_rows_override
-  std::string stream_head;          // "W,C[;W,C]" (detail::cuda::set_stream_taper_override)
+  CompressTuning tuning;            // --program-warps, --stream-chunk, --stream-rows, the taper
+  std::string stream_head;          // "W,C[;W,C]" (CompressTuning::taper)
   std::string stream_tail;          // "W,C[;W,C[;W,C]]", "0": no tail
   std::string timing = "do_bench";  // do_bench | sync (Timing)
   std::string decode_buffers = "per-layer";
@@ -301,6 +299,7 @@ int run_bench(const BenchOptions& o) {
   ctx.stream = st;
   ctx.programmatic_launch = o.pdl;
   ctx.pdl_early_metadata = o.pdl_early_metadata;  // every layer's metadata is uploaded before timing
+  ctx.compress_tuning = &o.tuning;
   Timer timer(st, o.iters, timing);
   const double copy_GBps = copy_bandwidth(st, timer);
   std::mt19937_64 rng(20261129);
@@ -391,9 +390,9 @@ int run_bench(const BenchOptions& o) {
     j["decode_buffers"] = shared_decode_buffers ? "shared" : "per-layer";
     j["programmatic_launch"] = o.pdl;
     j["pdl_early_metadata"] = o.pdl && o.pdl_early_metadata;
-    j["program_warps"] = detail::cuda::program_warps_override();
-    j["stream_chunk"] = detail::cuda::stream_chunk_override();
-    j["stream_rows"] = detail::cuda::stream_rows_override();
+    j["program_warps"] = o.tuning.program_warps;
+    j["stream_chunk"] = o.tuning.stream_chunk;
+    j["stream_rows"] = o.tuning.stream_rows;
     j["stream_head"] = o.stream_head;
     j["stream_tail"] = o.stream_tail;
     j["timing"] = o.timing;
@@ -451,14 +450,14 @@ void add_bench(CLI::App& app, int& exit_code) {
   for (RecordFormat f : kBenchFormats) record_names.emplace_back(record_info(f).name);
   cmd->add_option("--record", o.only_record, "run one record format only (default all)")
       ->check(CLI::IsMember(record_names));
-  cmd->add_option("--program-warps", o.program_warps,
+  cmd->add_option("--program-warps", o.tuning.program_warps,
                   "compress kernel geometry: 0 = by size (default), 1 = one warp per token, 4 = four")
       ->check(CLI::IsMember({0, 1, 4}));
-  cmd->add_option("--stream-chunk", o.stream_chunk,
+  cmd->add_option("--stream-chunk", o.tuning.stream_chunk,
                   "programs per chunk of the streaming compress kernel: 0 = by grid size (default), 8 or 16 "
                   "(16: kv rows read with the L2 evict-first policy)")
       ->check(CLI::IsMember({0, 8, 16}));
-  cmd->add_option("--stream-rows", o.stream_rows,
+  cmd->add_option("--stream-rows", o.tuning.stream_rows,
                   "ratio-1 NVFP4 chunk-16 kernel's rows: 0 = the library's choice (default), 1 = cp.async, "
                   "2 = TMA at any grid size")
       ->check(CLI::IsMember({0, 1, 2}));
@@ -497,14 +496,11 @@ void add_bench(CLI::App& app, int& exit_code) {
       return;
     }
 #if defined(DSV41KV_WITH_CUDA)
-    detail::cuda::set_program_warps_override(o.program_warps);
-    detail::cuda::set_stream_chunk_override(o.stream_chunk);
-    detail::cuda::set_stream_rows_override(o.stream_rows);
     if (!o.stream_head.empty() || !o.stream_tail.empty()) {
-      detail::cuda::StreamTaper tp;
+      StreamTaper& tp = o.tuning.taper;
       tp.set = true;
       // "W,C[;W,C...]" (at most `max` parts) into waves/chunks; "0" or "": none. The values are
-      // checked by set_stream_taper_override.
+      // checked by validate_compress_tuning.
       auto parse = [](const std::string& text, int max, double* waves, int* chunks, int& n) {
         n = 0;
         if (text.empty() || text == "0") return true;
@@ -517,23 +513,23 @@ void add_bench(CLI::App& app, int& exit_code) {
         }
         return true;
       };
-      const bool head_ok = parse(o.stream_head, detail::cuda::kStreamHeadMax, tp.head_waves, tp.head_chunk, tp.nhead);
-      const bool tail_ok = parse(o.stream_tail, detail::cuda::kStreamTailMax, tp.tail_waves, tp.tail_chunk, tp.ntail);
+      const bool head_ok = parse(o.stream_head, kStreamHeadMax, tp.head_waves, tp.head_chunk, tp.nhead);
+      const bool tail_ok = parse(o.stream_tail, kStreamTailMax, tp.tail_waves, tp.tail_chunk, tp.ntail);
       if (!head_ok || !tail_ok) {
         std::fprintf(stderr, "dsv41kv bench: %s %s: expected 0 or up to %d parts WAVES,CHUNK separated by ';'\n",
                      head_ok ? "--stream-tail" : "--stream-head", (head_ok ? o.stream_tail : o.stream_head).c_str(),
-                     head_ok ? detail::cuda::kStreamTailMax : detail::cuda::kStreamHeadMax);
+                     head_ok ? kStreamTailMax : kStreamHeadMax);
         exit_code = 2;
         return;
       }
-      try {
-        detail::cuda::set_stream_taper_override(tp);
-      } catch (const Error& e) {
-        std::fprintf(stderr, "dsv41kv bench: --stream-head '%s' --stream-tail '%s': %s\n", o.stream_head.c_str(),
-                     o.stream_tail.c_str(), e.what());
-        exit_code = 2;
-        return;
-      }
+    }
+    try {
+      validate_compress_tuning(o.tuning);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "dsv41kv bench: --stream-head '%s' --stream-tail '%s': %s\n", o.stream_head.c_str(),
+                   o.stream_tail.c_str(), e.what());
+      exit_code = 2;
+      return;
     }
     exit_code = run_bench(o);
 #else

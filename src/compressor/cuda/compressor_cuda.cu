@@ -9,47 +9,16 @@
 // or fixed). The ring (arbitrary block stride), caches (arbitrary page strides), slots and the
 // outputs of gather may have any alignment: the kernels test it per row.
 #include <algorithm>
-#include <atomic>
-#include <mutex>
 #include <string>
 
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 
 #include "compressor/backend.hpp"
 #include "compressor/cuda/params.hpp"
-#include "compressor/cuda/tuning.hpp"
+#include "dsv41kv/tuning.hpp"
 #include "core/cuda/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
-
-namespace {
-std::atomic<int> g_program_warps{0};
-}  // namespace
-void set_program_warps_override(int warps) {
-  if (warps != 0 && warps != 1 && warps != 4)
-    invalid_argument("program warps override: " + std::to_string(warps) + ", expected 0, 1 or 4");
-  g_program_warps.store(warps);
-}
-int program_warps_override() { return g_program_warps.load(std::memory_order_relaxed); }
-namespace {
-std::atomic<int> g_stream_chunk{0};
-}  // namespace
-void set_stream_chunk_override(int programs) {
-  if (programs != 0 && programs != kChunkSmall && programs != kChunkLarge)
-    invalid_argument("stream chunk override: " + std::to_string(programs) + ", expected 0, " +
-                     std::to_string(kChunkLarge) + " or " + std::to_string(kChunkSmall));
-  g_stream_chunk.store(programs);
-}
-int stream_chunk_override() { return g_stream_chunk.load(std::memory_order_relaxed); }
-namespace {
-std::atomic<int> g_stream_rows{0};
-}  // namespace
-void set_stream_rows_override(int mode) {
-  if (mode < 0 || mode > 2)
-    invalid_argument("stream rows override: " + std::to_string(mode) + ", expected 0, 1 or 2");
-  g_stream_rows.store(mode);
-}
-int stream_rows_override() { return g_stream_rows.load(std::memory_order_relaxed); }
 
 namespace {
 PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
@@ -109,51 +78,19 @@ CUtensorMap rope_table_tensor_map(const float* table, int64_t rows) {
   return f32_tensor_map<2>(table, dim, stride, box, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                            [&] { return "the RoPE table (rows " + std::to_string(rows) + ")"; });
 }
-namespace {
-std::mutex g_taper_mu;
-StreamTaper g_taper;
-std::atomic<bool> g_taper_set{false};  // launches read the override only when one is set
-
-StreamTaper stream_taper_override() {
-  if (!g_taper_set.load(std::memory_order_acquire)) return {};
-  std::lock_guard<std::mutex> lock(g_taper_mu);
-  return g_taper;
-}
-}  // namespace
-
-void set_stream_taper_override(const StreamTaper& t) {
-  if (t.nhead < 0 || t.nhead > kStreamHeadMax || t.ntail < 0 || t.ntail > kStreamTailMax)
-    invalid_argument("stream taper override: " + std::to_string(t.nhead) + " head and " + std::to_string(t.ntail) +
-                     " tail parts, expected at most " + std::to_string(kStreamHeadMax) + " and " +
-                     std::to_string(kStreamTailMax));
-  auto check = [](const char* which, const double* waves, const int* chunks, int n) {
-    for (int k = 0; k < n; ++k)
-      if (!(waves[k] > 0.0 && waves[k] <= 1000.0) || chunks[k] < 1 || chunks[k] >= kChunkSmall)
-        invalid_argument(std::string("stream taper override: ") + which + " part " + std::to_string(k) + ": " +
-                         std::to_string(waves[k]) + " waves, chunk " + std::to_string(chunks[k]) +
-                         ", expected waves in (0, 1000] and a chunk in [1, " + std::to_string(kChunkSmall - 1) + "]");
-  };
-  check("head", t.head_waves, t.head_chunk, t.nhead);
-  check("tail", t.tail_waves, t.tail_chunk, t.ntail);
-  std::lock_guard<std::mutex> lock(g_taper_mu);
-  g_taper = t;
-  g_taper_set.store(t.set);
-}
-
-// The launcher's shape (see cuda_kernels.hpp). Why a tapered tail: in a grid of one chunk per
+// The launcher's shape (see params.hpp). Why a tapered tail: in a grid of one chunk per
 // warp the last wave's blocks start as the previous ones end, spread over one block lifetime
 // (~21 us at 256K), and end as spread out while DRAM empties; shorter shares at the end shorten
 // that ramp. 256K ratio 1 (session 7, medians of 2 runs, us): v4 185.0 -> 181.9, mxfp8 180.8 ->
 // 177.7, nvfp4 (chunk 16) 185.5 -> 180.4; one wave of 4 then one of 2: 182.6 / 178.3 / 181.2;
 // one wave of 2 alone: 182.2 / 177.8 / 183.6; head parts (shorter shares in the first wave) added
 // nothing.
-StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit) {
+StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit, const StreamTaper& tp) {
   // Wk waves of the resident warps, at least one warp
   const auto part = [&](double waves, int chunk) {
     return StreamPart{std::max<int64_t>(1, static_cast<int64_t>(waves * 4.0 * static_cast<double>(fit))), chunk};
   };
   StreamShape shape;
-  const StreamTaper tp = stream_taper_override();
   if (tp.set) {
     for (int k = 0; k < tp.nhead; ++k)
       if (tp.head_chunk[k] < C) shape.head[shape.nhead++] = part(tp.head_waves[k], tp.head_chunk[k]);
@@ -214,13 +151,15 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
 void launch_compress_format(int f, const CompressParams& k, int ratio, const ExecContext& ctx) {
   const cudaStream_t st = as_stream(ctx.stream);
   const bool pdl = ctx.programmatic_launch;
+  static const CompressTuning kDefault{};
+  const CompressTuning& tn = ctx.compress_tuning != nullptr ? *ctx.compress_tuning : kDefault;
   switch (f) {
-    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl); break;
-    case kV4: launch_compress<kV4>(k, ratio, st, pdl); break;
-    case kMx: launch_compress<kMx>(k, ratio, st, pdl); break;
-    case kNv: launch_compress<kNv>(k, ratio, st, pdl); break;
-    case kBf16: launch_compress<kBf16>(k, ratio, st, pdl); break;
-    case kFp8: launch_compress<kFp8>(k, ratio, st, pdl); break;
+    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl, tn); break;
+    case kV4: launch_compress<kV4>(k, ratio, st, pdl, tn); break;
+    case kMx: launch_compress<kMx>(k, ratio, st, pdl, tn); break;
+    case kNv: launch_compress<kNv>(k, ratio, st, pdl, tn); break;
+    case kBf16: launch_compress<kBf16>(k, ratio, st, pdl, tn); break;
+    case kFp8: launch_compress<kFp8>(k, ratio, st, pdl, tn); break;
     default: invalid_argument("compress_insert: cache.format: unknown record format");
   }
 }

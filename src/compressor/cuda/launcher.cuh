@@ -8,7 +8,7 @@
 
 #include "compressor/cuda/decode_kernel.cuh"
 #include "compressor/cuda/stream_kernel.cuh"
-#include "compressor/cuda/tuning.hpp"
+#include "dsv41kv/tuning.hpp"
 #include "core/cuda/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
@@ -37,7 +37,7 @@ int64_t resident_blocks() {
 }
 
 template <int R, int F, int C, int M>
-void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool pdl) {
+void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool pdl, const CompressTuning& tn) {
   int64_t blocks;
   CompressParams q = p;
   if constexpr (R == 2) {
@@ -55,7 +55,7 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     // time on neighbouring rows.
     const int64_t fit = resident_blocks<R, F, C, M>();
     // the grid's shape: stream_shape_r1 (a tapered tail on large grids)
-    const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, stream_shape_r1(p.N, C, fit));
+    const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, stream_shape_r1(p.N, C, fit, tn.taper));
     blocks = sp.blocks;
     for (int k = 0; k < kStreamSegs; ++k) q.seg[k] = sp.seg[k];
   }
@@ -74,7 +74,7 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
 
 // Programs per chunk C of the streaming kernel (at most 32: one lane resolves each program's
 // metadata): kChunkLarge (8) for grids of at least 4 waves of resident blocks, else kChunkSmall
-// (16; cuda_tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
+// (16; dsv41kv/tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
 // the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
 // v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
 // -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (and with its warp writer 215 -> 219-221;
@@ -82,8 +82,8 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
 // 8 (512 blocks = 1.3 waves of 396 resident blocks where 16 makes one partial wave); 32K ratio 1
 // widens its grid anyway.
 template <int R, int F>
-void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl) {
-  int c = stream_chunk_override();
+void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl, const CompressTuning& tn) {
+  int c = tn.stream_chunk;
   if (c == 0) {
     const int64_t chunks8 = ((R == 2 ? (p.N + 1) / 2 : p.N) + kChunkLarge - 1) / kChunkLarge;
     const int64_t blocks8 = ((R == 2 ? p.num_reqs : 0) + chunks8 + 3) / 4;
@@ -93,7 +93,7 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
   // the chunk-8 ratio-1 kernel's TMA copies address a token by a 32-bit coordinate
   if (R == 1 && c == kChunkLarge && p.N > INT32_MAX) c = kChunkSmall;
   if (c == kChunkLarge) {
-    launch_compress_stream_c<R, F, kChunkLarge, (R == 1 ? kRowsTmaSwz : kRowsCp)>(p, stream, pdl);
+    launch_compress_stream_c<R, F, kChunkLarge, (R == 1 ? kRowsTmaSwz : kRowsCp)>(p, stream, pdl, tn);
     return;
   }
   if constexpr (R == 1 && F == kNv) {
@@ -104,14 +104,14 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
     // warp ~9 tokens, ran 34.5 -> 36.0 us with it, session 13: the per-warp start costs more)
     if (device_is_sm90_or_newer() && p.N <= INT32_MAX && p.table_rows >= 1 && p.table_rows <= INT32_MAX &&
         reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.base) % 8 == 0 &&
-        p.cache.page_stride_bytes % 8 == 0 && p.cache.S <= (int64_t{1} << 22) && stream_rows_override() != 1 &&
-        (stream_rows_override() == 2 || (p.N + 4 * kChunkSmall - 1) / (4 * kChunkSmall) >=
+        p.cache.page_stride_bytes % 8 == 0 && p.cache.S <= (int64_t{1} << 22) && tn.stream_rows != 1 &&
+        (tn.stream_rows == 2 || (p.N + 4 * kChunkSmall - 1) / (4 * kChunkSmall) >=
                                             2 * resident_blocks<R, F, kChunkSmall, kRowsTmaRot>())) {
-      launch_compress_stream_c<R, F, kChunkSmall, kRowsTmaRot>(p, stream, pdl);
+      launch_compress_stream_c<R, F, kChunkSmall, kRowsTmaRot>(p, stream, pdl, tn);
       return;
     }
   }
-  launch_compress_stream_c<R, F, kChunkSmall, kRowsCp>(p, stream, pdl);
+  launch_compress_stream_c<R, F, kChunkSmall, kRowsCp>(p, stream, pdl, tn);
 }
 
 template <int R, int F>
@@ -129,15 +129,15 @@ void launch_compress_g4(const CompressParams& p, cudaStream_t stream, bool pdl) 
 }
 
 template <int F>
-void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl) {
-  const int force = program_warps_override();
+void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl, const CompressTuning& tn) {
+  const int force = tn.program_warps;
   const bool small = force == 4 || (force != 1 && compress_programs(ratio, p.N, p.num_reqs) <= kSmallGridPrograms);
   if (ratio == 1) {
     if (small) launch_compress_g4<1, F>(p, stream, pdl);
-    else launch_compress_stream<1, F>(p, stream, pdl);
+    else launch_compress_stream<1, F>(p, stream, pdl, tn);
   } else {
     if (small) launch_compress_g4<2, F>(p, stream, pdl);
-    else launch_compress_stream<2, F>(p, stream, pdl);
+    else launch_compress_stream<2, F>(p, stream, pdl, tn);
   }
 }
 

@@ -12,9 +12,12 @@
 #include <cstdint>
 
 #include "formats/cuda/record_writers.cuh"
-#include "compressor/cuda/tuning.hpp"
+#include "dsv41kv/tuning.hpp"
 
 namespace dsv41kv::detail::cuda {
+
+// Programs per chunk of the streaming kernel's two instantiations (tuning.hpp).
+inline constexpr int kChunkSmall = kStreamChunkSmall, kChunkLarge = kStreamChunkLarge;
 
 // One segment of the ratio-1 streaming grid: warps [w0, next segment's w0) split the tokens
 // [t0, t0 + tokens) evenly, q = tokens / warps and r = tokens % warps computed on the host
@@ -195,11 +198,11 @@ inline StreamSplitR1 stream_split_r1(int64_t N, int64_t C, int64_t fit, const St
   return s;
 }
 // The shape the launcher gives a ratio-1 grid of N tokens in chunks of C with `fit` resident
-// blocks (host, compressor_cuda.cu): the bench / test override when one is set
-// (set_stream_taper_override), otherwise, on grids of at least two waves of one chunk per warp,
+// blocks (host, compressor_cuda.cu): the tuning's taper when one is set (CompressTuning::taper),
+// otherwise, on grids of at least two waves of one chunk per warp,
 // a tapered tail (chunk 8: half a wave of warps of at most 4 tokens, one wave of 2, a quarter
 // wave of 1; chunk 16: half a wave of 8, half of 4, a quarter of 2), else none.
-StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit);
+StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit, const StreamTaper& taper = {});
 
 // Tokens [lo, hi) of warp w: the last segment that starts at or before w.
 DSV41KV_HD void stream_range(int64_t w, const StreamSeg (&seg)[kStreamSegs], int64_t& lo, int64_t& hi) {
@@ -227,9 +230,10 @@ inline int64_t compress_programs(int ratio, int64_t N, int64_t num_reqs) {
 inline constexpr int64_t kSmallGridPrograms = 1024;
 
 // F = kNoRecord (compress only) or a RecordFormat value (fused compress + insert).
-// pdl: programmatic dependent launch (ExecContext::programmatic_launch).
+// pdl: programmatic dependent launch (ExecContext::programmatic_launch); tn: the launch choices
+// (ExecContext::compress_tuning, or the defaults).
 template <int F>
-void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl);
+void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bool pdl, const CompressTuning& tn);
 
 // The first `rows` ratio-1 kv rows (512 floats each, `row_stride` floats apart, 16-byte aligned,
 // row_stride % 16 == 0, rows in [1, 2^31)) as a TMA tensor map for the streaming kernel's row

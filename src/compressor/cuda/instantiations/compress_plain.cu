@@ -3,6 +3,6 @@
 #include "compressor/cuda/launcher.cuh"
 
 namespace dsv41kv::detail::cuda {
-template void launch_compress<kBf16>(const CompressParams&, int, cudaStream_t, bool);
-template void launch_compress<kFp8>(const CompressParams&, int, cudaStream_t, bool);
+template void launch_compress<kBf16>(const CompressParams&, int, cudaStream_t, bool, const CompressTuning&);
+template void launch_compress<kFp8>(const CompressParams&, int, cudaStream_t, bool, const CompressTuning&);
 }  // namespace dsv41kv::detail::cuda
