@@ -20,6 +20,20 @@
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/records.hpp"
 
+#if defined(DSV41KV_TEST_SEAMS)
+namespace dsv41kv::seam {
+// Faults the PCP oracles inject to show that their checks can fail (SPEC 10.6's mutation check):
+// each must make the SPEC 7.8 check fail. A test seam: only builds with DSV41KV_TEST_SEAMS have
+// it (testing.hpp).
+enum class PcpFault : uint8_t {
+  kNone = 0,
+  kDropGatheredPredecessors = 1,  // every prev_row_indices forced to -1 (ring reads instead)
+  kReverseTieBreak = 2,           // link ties by descending gathered index
+  kSkipSaveRingRows = 3,          // save_ring_rows not called
+};
+}  // namespace dsv41kv::seam
+#endif
+
 namespace dsv41kv::pcp {
 
 // ---------------------------------------------------------------- planner (SPEC 7.2, 7.3)
@@ -104,10 +118,6 @@ struct LinkInput {
   int64_t max_num_seqs = 0;
 };
 
-// Ties of equal keys are broken by gathered index (DECISION 13). kReversedForTesting breaks the
-// decision on purpose (ties by descending index) so that tests can show it is observable.
-enum class TieBreak : uint8_t { kGatheredIndex = 0, kReversedForTesting = 1 };
-
 struct LinkLocal {
   int64_t num_rows = 0;
   int64_t R = 0;                        // min(num_reqs, num_rows)
@@ -126,13 +136,12 @@ struct LinkResult {
   std::vector<int64_t> prev_row_indices;   // [R]
   std::vector<int64_t> gather_tokens;      // [num_rows]
 };
-// Second half, from the already-gathered keys of all P ranks ([P * num_rows], rank-major).
+// Second half, from the already-gathered keys of all P ranks ([P * num_rows], rank-major). Ties
+// of equal keys are broken by gathered index (DECISION 13).
 LinkResult link_resolve(const LinkInput& in, const LinkLocal& local,
-                        std::span<const int64_t> all_keys, int P,
-                        TieBreak tie = TieBreak::kGatheredIndex);
+                        std::span<const int64_t> all_keys, int P);
 // Both halves with the all-gather of the keys over `comm` (one collective).
-LinkResult link_pcp_chunks(const LinkInput& in, Communicator& comm,
-                           TieBreak tie = TieBreak::kGatheredIndex);
+LinkResult link_pcp_chunks(const LinkInput& in, Communicator& comm);
 
 // ---------------------------------------------------------------- communication (SPEC 7.7)
 
@@ -159,15 +168,6 @@ void check_pcp_speculation(const char* op, int P, int64_t num_speculative_tokens
 
 // ---------------------------------------------------------------- one layer on one rank
 
-// Test-only mutations of the PCP step (each must make the SPEC 7.8 check fail).
-enum class Mutation : uint8_t {
-  kNone = 0,
-  kDropGatheredPredecessors = 1,  // every prev_row_indices forced to -1 (ring reads instead)
-  kReverseTieBreak = 2,           // link ties by descending gathered index
-  kSkipSaveRingRows = 3,          // save_ring_rows not called
-};
-const char* mutation_name(Mutation m);
-
 // Views of this rank's buffers for one kv-source layer. Local tensors have N = padded rows;
 // gathered ones P * padded. The gathered compressed slot mapping is built from the global batch
 // (identical on every rank, -1 for PAD rows and masked replicas).
@@ -189,7 +189,9 @@ struct LayerStepArgs {
   std::vector<CacheView> caches;   // this rank's replicated compressed caches (any formats)
   TensorView latent;               // bf16 [padded, 512] scratch/output (local latents)
   TensorView gathered_latent;      // bf16 [P * padded, 512] scratch/output
-  Mutation mutation = Mutation::kNone;
+#if defined(DSV41KV_TEST_SEAMS)
+  seam::PcpFault fault = seam::PcpFault::kNone;  // test seam (dsv41kv/test_seam.hpp)
+#endif
   ExecContext exec;                // CPU threads for compress/insert (0 = hardware concurrency)
 };
 

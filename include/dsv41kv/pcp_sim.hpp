@@ -67,7 +67,9 @@ struct SimConfig {
                                        RecordFormat::PLAIN_FP8};
   int64_t states_per_page = 0;         // 0: 64 / ratio (SPEC 3.6)
   DecodePlacement placement = DecodePlacement::kReplicated;
-  Mutation mutation = Mutation::kNone;
+#if defined(DSV41KV_TEST_SEAMS)
+  seam::PcpFault fault = seam::PcpFault::kNone;  // test seam: each rank's layer step breaks so
+#endif                                                  // (dsv41kv/test_seam.hpp)
   int64_t num_speculative_tokens = 0;  // E6 with P > 1
   float eps = 1e-6f;
   // Where the ranks' steps run. CUDA: every rank's ring, compressed caches and latents live on

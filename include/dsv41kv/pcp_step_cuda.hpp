@@ -12,8 +12,8 @@
 // last rows) are copied to the host into LayerStepResult, so that callers can audit it exactly
 // as they audit the host step. Scratch lives in a caller-owned, grow-only workspace.
 //
-// Not supported on the device: Mutation::kReverseTieBreak (the CUB sort is stable by gathered
-// index; E8). The other mutations behave as on the host.
+// Not supported on the device: the test seam's fault kReverseTieBreak (the CUB sort is stable by
+// gathered index; E8). The other faults behave as on the host.
 #pragma once
 
 #include <memory>

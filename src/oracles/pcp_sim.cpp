@@ -500,7 +500,9 @@ void Simulation::Impl::run_rank(Communicator& comm) {
   a.caches = rs.caches.views;
   a.latent = TensorView::contiguous(rs.latent.data(), DType::BF16, {padded, kLatentDim});
   a.gathered_latent = TensorView::contiguous(rs.gathered_latent.data(), DType::BF16, {P * padded, kLatentDim});
-  a.mutation = cfg.mutation;
+#if defined(DSV41KV_TEST_SEAMS)
+  a.fault = cfg.fault;
+#endif
   a.exec.num_threads = 1;
   if (rs.dev) {
     rs.result = rs.dev->step(a, comm);

@@ -11,16 +11,6 @@
 
 namespace dsv41kv::pcp {
 
-const char* mutation_name(Mutation m) {
-  switch (m) {
-    case Mutation::kNone: return "none";
-    case Mutation::kDropGatheredPredecessors: return "drop-gathered-predecessors";
-    case Mutation::kReverseTieBreak: return "reverse-tie-break";
-    case Mutation::kSkipSaveRingRows: return "skip-save-ring-rows";
-  }
-  return "?";
-}
-
 CommVolume& CommVolume::operator+=(const CommVolume& o) {
   keys_sent += o.keys_sent;
   keys_received += o.keys_received;
@@ -88,9 +78,7 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
     in.positions = {a.positions.ptr<const int64_t>(), static_cast<size_t>(padded)};
     in.cap = a.cap;
     in.max_num_seqs = a.max_num_seqs;
-    res.link = link_pcp_chunks(in, comm,
-                               a.mutation == Mutation::kReverseTieBreak ? TieBreak::kReversedForTesting
-                                                                        : TieBreak::kGatheredIndex);
+    res.link = link_pcp_chunks_ties(in, comm, step_common::faults_of(a).reverse_tie_break);
     const int64_t rows = res.link.num_rows;
     // Last rows of this rank's local requests, then the all-gather (SPEC 7.5).
     std::vector<float> send(static_cast<size_t>(rows) * kRingRowFloats);
@@ -109,9 +97,9 @@ LayerStepResult pcp_layer_step(const LayerStepArgs& a, Communicator& comm) {
                                           DType::I64, {padded});
   }
 
-  // What compress() reads: the link's lookups (the drop mutation replaces them by ring reads).
+  // What compress() reads: the link's lookups (the seam's drop fault replaces them by ring reads).
   std::vector<int64_t> indices = res.link.prev_row_indices;
-  if (a.mutation == Mutation::kDropGatheredPredecessors) std::fill(indices.begin(), indices.end(), -1);
+  if (step_common::faults_of(a).drop_gathered_predecessors) std::fill(indices.begin(), indices.end(), -1);
   TensorView prev_rows, prev_idx, wslots;
   const int64_t Gr = static_cast<int64_t>(gathered_rows.size()) / kRingRowFloats;
   if (a.ratio == 2 && Gr > 0) {

@@ -59,7 +59,7 @@ void open_row_compress(const LayerStepArgs& a, int64_t padded, const TensorView&
     c.prev_row_indices = prev_row_indices;
   }
   compress(c, ctx);
-  if (a.ratio == 2 && a.mutation != Mutation::kSkipSaveRingRows && prev_rows.present()) {
+  if (a.ratio == 2 && !faults_of(a).skip_save_ring_rows && prev_rows.present()) {
     SaveRingRowsArgs s;
     s.prev_rows = prev_rows;
     s.ring_write_slots = ring_write_slots;

@@ -5,12 +5,37 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "dsv41kv/comm.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/pcp.hpp"
 
+namespace dsv41kv::pcp {
+// link.cpp: the link with ties by ascending (DECISION 13) or, for the test seam, descending
+// gathered index.
+LinkResult link_resolve_ties(const LinkInput& in, const LinkLocal& local, std::span<const int64_t> all_keys, int P,
+                             bool reversed_ties);
+LinkResult link_pcp_chunks_ties(const LinkInput& in, Communicator& comm, bool reversed_ties);
+}  // namespace dsv41kv::pcp
+
 namespace dsv41kv::pcp::step_common {
+
+// The fault the test seam injects into a layer step (none in builds without DSV41KV_TEST_SEAMS).
+struct StepFaults {
+  bool drop_gathered_predecessors = false;  // every prev_row_indices -1 (ring reads instead)
+  bool reverse_tie_break = false;           // link ties by descending gathered index
+  bool skip_save_ring_rows = false;
+};
+inline StepFaults faults_of([[maybe_unused]] const LayerStepArgs& a) {
+  StepFaults f;
+#if defined(DSV41KV_TEST_SEAMS)
+  f.drop_gathered_predecessors = a.fault == seam::PcpFault::kDropGatheredPredecessors;
+  f.reverse_tie_break = a.fault == seam::PcpFault::kReverseTieBreak;
+  f.skip_save_ring_rows = a.fault == seam::PcpFault::kSkipSaveRingRows;
+#endif
+  return f;
+}
 
 // E8 "<op>: <name>: ..." unless `v` is a view on `device` of dtype `dt` with >= rows rows:
 // cols == 0: contiguous 1-D; else [>= rows, cols] with inner stride 1.

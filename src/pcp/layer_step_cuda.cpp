@@ -97,8 +97,8 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
   require(comm.supports(Device::CUDA),
           fmt::format("communicator of rank {} does not gather device buffers (expected NcclCommunicator or "
                       "ThreadGroup(P, Device::CUDA))", rank));
-  require(a.mutation != Mutation::kReverseTieBreak,
-          "mutation reverse-tie-break: not available on the device (the CUB sort is stable by gathered index)");
+  require(!step_common::faults_of(a).reverse_tie_break,
+          "fault reverse-tie-break: not available on the device (the CUB sort is stable by gathered index)");
   const int64_t padded = step_common::check_step_views("pcp_layer_step_cuda", a, P, Device::CUDA);
 
   ExecContext ctx = a.exec;
@@ -154,9 +154,9 @@ LayerStepResult pcp_layer_step_cuda(const LayerStepArgs& a, Communicator& comm, 
                                           Device::CUDA);
   }
 
-  // What compress() reads: the link's lookups (the drop mutation replaces them by ring reads).
+  // What compress() reads: the link's lookups (the seam's drop fault replaces them by ring reads).
   int64_t* d_use_idx = d_idx;
-  if (a.ratio == 2 && R > 0 && a.mutation == Mutation::kDropGatheredPredecessors) {
+  if (a.ratio == 2 && R > 0 && step_common::faults_of(a).drop_gathered_predecessors) {
     d_use_idx = ws.drop_idx.as<int64_t>(static_cast<size_t>(R));
     DSV41KV_CUDA_CHECK(cudaMemsetAsync(d_use_idx, 0xFF, static_cast<size_t>(R) * sizeof(int64_t), stream));
   }

@@ -10,6 +10,7 @@
 
 #include "core/validate.hpp"
 #include "dsv41kv/pcp.hpp"
+#include "pcp/layer_step_common.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -66,8 +67,10 @@ LinkLocal link_local_keys(const LinkInput& in) {
   return out;
 }
 
-LinkResult link_resolve(const LinkInput& in, const LinkLocal& local,
-                        std::span<const int64_t> all_keys, int P, TieBreak tie) {
+namespace {
+
+LinkResult resolve(const LinkInput& in, const LinkLocal& local, std::span<const int64_t> all_keys, int P,
+                   bool reversed_ties) {
   if (P < 1) invalid_argument(fmt::format("link: P = {} (expected >= 1)", P));
   const int64_t G = static_cast<int64_t>(P) * local.num_rows;
   if (static_cast<int64_t>(all_keys.size()) != G)
@@ -80,7 +83,7 @@ LinkResult link_resolve(const LinkInput& in, const LinkLocal& local,
   r.gather_tokens = local.gather_tokens;
   r.order.resize(static_cast<size_t>(G));
   std::iota(r.order.begin(), r.order.end(), int64_t{0});
-  if (tie == TieBreak::kGatheredIndex) {
+  if (!reversed_ties) {
     std::stable_sort(r.order.begin(), r.order.end(), [&](int64_t a, int64_t b) {
       return all_keys[static_cast<size_t>(a)] < all_keys[static_cast<size_t>(b)];
     });
@@ -120,11 +123,58 @@ LinkResult link_resolve(const LinkInput& in, const LinkLocal& local,
   return r;
 }
 
-LinkResult link_pcp_chunks(const LinkInput& in, Communicator& comm, TieBreak tie) {
+}  // namespace
+
+LinkResult link_resolve(const LinkInput& in, const LinkLocal& local, std::span<const int64_t> all_keys, int P) {
+  return resolve(in, local, all_keys, P, false);
+}
+
+// The second half with ties by ascending (DECISION 13) or, for the test seam, descending index.
+LinkResult link_resolve_ties(const LinkInput& in, const LinkLocal& local, std::span<const int64_t> all_keys, int P,
+                             bool reversed_ties) {
+  return resolve(in, local, all_keys, P, reversed_ties);
+}
+// Both halves over `comm`, ties likewise (layer_step.cpp).
+LinkResult link_pcp_chunks_ties(const LinkInput& in, Communicator& comm, bool reversed_ties) {
   const LinkLocal local = link_local_keys(in);
   std::vector<int64_t> all(static_cast<size_t>(comm.size()) * static_cast<size_t>(local.num_rows));
   comm.all_gather(local.local_keys.data(), local.local_keys.size() * sizeof(int64_t), all.data());
-  return link_resolve(in, local, all, comm.size(), tie);
+  return resolve(in, local, all, comm.size(), reversed_ties);
+}
+
+LinkResult link_pcp_chunks(const LinkInput& in, Communicator& comm) {
+  return link_pcp_chunks_ties(in, comm, false);
 }
 
 }  // namespace dsv41kv::pcp
+
+#if defined(DSV41KV_TEST_SEAMS)
+#include "dsv41kv/test_seam.hpp"
+
+namespace dsv41kv::seam {
+
+const char* fault_name(PcpFault f) {
+  switch (f) {
+    case PcpFault::kNone: return "none";
+    case PcpFault::kDropGatheredPredecessors: return "drop-gathered-predecessors";
+    case PcpFault::kReverseTieBreak: return "reverse-tie-break";
+    case PcpFault::kSkipSaveRingRows: return "skip-save-ring-rows";
+  }
+  return "?";
+}
+
+PcpFault parse_fault(const std::string& name) {
+  for (PcpFault f : {PcpFault::kNone, PcpFault::kDropGatheredPredecessors, PcpFault::kReverseTieBreak,
+                     PcpFault::kSkipSaveRingRows})
+    if (name == fault_name(f)) return f;
+  invalid_argument("fault '" + name +
+                   "': expected none, drop-gathered-predecessors, reverse-tie-break or skip-save-ring-rows");
+}
+
+pcp::LinkResult link_resolve_reversed_ties(const pcp::LinkInput& in, const pcp::LinkLocal& local,
+                                           std::span<const int64_t> all_keys, int P) {
+  return pcp::link_resolve_ties(in, local, all_keys, P, true);
+}
+
+}  // namespace dsv41kv::seam
+#endif

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dsv41kv/test_seam.hpp"
 #include "dsv41kv/comm.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/pcp_sim.hpp"
@@ -91,7 +92,7 @@ TEST(ExternalRank, EachRankAloneEqualsTheSameRankOfTheAllRankRun) {
 TEST(ExternalRank, CompareRankCatchesABrokenStep) {
   // The ranks drop their gathered predecessors; the reference does not: some rank must differ.
   SimConfig broken;
-  broken.mutation = Mutation::kDropGatheredPredecessors;
+  broken.fault = seam::PcpFault::kDropGatheredPredecessors;
   SimConfig good;
   WorkloadConfig wc = small_workload(5);
   wc.start_min = 1;

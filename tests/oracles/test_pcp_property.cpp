@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "dsv41kv/test_seam.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 
 using namespace dsv41kv;
@@ -155,11 +156,11 @@ TEST(PcpProperty, SingleRankPcpPathMatches) {
 
 // The mutation checks of SPEC 10.6: each must make the property test fail.
 struct MutationCase {
-  Mutation m;
+  seam::PcpFault m;
   const char* first_tensor_prefix;
 };
 // gtest prints parameters of unknown types as raw bytes; name the mutation instead.
-void PrintTo(const MutationCase& c, std::ostream* os) { *os << mutation_name(c.m); }
+void PrintTo(const MutationCase& c, std::ostream* os) { *os << seam::fault_name(c.m); }
 
 class PcpMutation : public ::testing::TestWithParam<std::tuple<MutationCase, int>> {};
 
@@ -172,7 +173,7 @@ TEST_P(PcpMutation, PropertyTestFails) {
   for (int i = 0; i < n; ++i) {
     SimConfig sc;
     sc.states_per_page = 4;
-    sc.mutation = mc.m;
+    sc.fault = mc.m;
     sc.placement = DecodePlacement::kReplicated;
     const uint64_t seed = property_seed(P, DecodePlacement::kReplicated, 2, i);
     const RunResult res = run_simulation(sc, generate_workload(random_config(seed)), P, true, /*keep_going=*/true);
@@ -180,20 +181,20 @@ TEST_P(PcpMutation, PropertyTestFails) {
     if (!res.first_mismatch) continue;
     ++failed;
     EXPECT_EQ(res.first_mismatch->tensor.rfind(mc.first_tensor_prefix, 0), 0u)
-        << mutation_name(mc.m) << ": " << res.first_mismatch->to_string();
+        << seam::fault_name(mc.m) << ": " << res.first_mismatch->to_string();
   }
   // The property test (the sweep) fails: at least one workload reports a difference.
-  EXPECT_GT(failed, 0) << mutation_name(mc.m) << " went unnoticed on all " << n << " workloads";
+  EXPECT_GT(failed, 0) << seam::fault_name(mc.m) << " went unnoticed on all " << n << " workloads";
   const double pct = total.latent_elements ? 100.0 * static_cast<double>(total.latent_mismatched) /
                                                  static_cast<double>(total.latent_elements)
                                            : 0.0;
   std::printf("[ mutation ] %s P=%d: %d of %d workloads fail; latents %.1f%% mismatched, cache bytes %llu, ring floats %llu, link entries %llu\n",
-              mutation_name(mc.m), P, failed, n, pct, static_cast<unsigned long long>(total.cache_mismatched),
+              seam::fault_name(mc.m), P, failed, n, pct, static_cast<unsigned long long>(total.cache_mismatched),
               static_cast<unsigned long long>(total.ring_mismatched),
               static_cast<unsigned long long>(total.link_mismatched));
-  if (mc.m == Mutation::kDropGatheredPredecessors) {
+  if (mc.m == seam::PcpFault::kDropGatheredPredecessors) {
     EXPECT_GT(total.latent_mismatched, 0u);
-  } else if (mc.m == Mutation::kSkipSaveRingRows) {
+  } else if (mc.m == seam::PcpFault::kSkipSaveRingRows) {
     EXPECT_GT(total.ring_mismatched, 0u);
   } else {
     EXPECT_GT(total.link_mismatched, 0u);
@@ -202,12 +203,12 @@ TEST_P(PcpMutation, PropertyTestFails) {
 
 INSTANTIATE_TEST_SUITE_P(
     Mutations, PcpMutation,
-    ::testing::Combine(::testing::Values(MutationCase{Mutation::kDropGatheredPredecessors, "latent"},
-                                         MutationCase{Mutation::kReverseTieBreak, "link.ring_write_slots"},
-                                         MutationCase{Mutation::kSkipSaveRingRows, "ring"}),
+    ::testing::Combine(::testing::Values(MutationCase{seam::PcpFault::kDropGatheredPredecessors, "latent"},
+                                         MutationCase{seam::PcpFault::kReverseTieBreak, "link.ring_write_slots"},
+                                         MutationCase{seam::PcpFault::kSkipSaveRingRows, "ring"}),
                        ::testing::Values(2, 4)),
     [](const auto& info) {
-      std::string n = mutation_name(std::get<0>(info.param).m);
+      std::string n = seam::fault_name(std::get<0>(info.param).m);
       for (char& c : n)
         if (c == '-') c = '_';
       return n + "_P" + std::to_string(std::get<1>(info.param));

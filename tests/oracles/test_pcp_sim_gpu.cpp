@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "dsv41kv/test_seam.hpp"
 #include "dsv41kv/comm.hpp"
 #include "dsv41kv/nccl_comm.hpp"
 #include "dsv41kv/pcp_sim.hpp"
@@ -121,14 +122,14 @@ TEST_F(PcpRunGpu, VerifyCatchesABrokenDeviceStep) {
   wc.max_num_seqs = 3;
   wc.chunk_budget = 48;
   const pcp::Workload w = pcp::generate_workload(wc);
-  for (pcp::Mutation mut : {pcp::Mutation::kDropGatheredPredecessors, pcp::Mutation::kSkipSaveRingRows}) {
+  for (seam::PcpFault mut : {seam::PcpFault::kDropGatheredPredecessors, seam::PcpFault::kSkipSaveRingRows}) {
     pcp::SimConfig c = on_cuda(2);
-    c.mutation = mut;
+    c.fault = mut;
     const pcp::RunResult res = pcp::run_simulation(c, w, 2, true);
-    EXPECT_TRUE(res.first_mismatch.has_value()) << pcp::mutation_name(mut);
+    EXPECT_TRUE(res.first_mismatch.has_value()) << seam::fault_name(mut);
   }
   pcp::SimConfig c = on_cuda(2);
-  c.mutation = pcp::Mutation::kReverseTieBreak;  // not available on the device: E8, not a silent pass
+  c.fault = seam::PcpFault::kReverseTieBreak;  // not available on the device: E8, not a silent pass
   EXPECT_THROW(pcp::run_simulation(c, w, 2, true), Error);
 }
 

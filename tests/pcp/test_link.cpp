@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "dsv41kv/test_seam.hpp"
 #include "dsv41kv/comm.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/metadata.hpp"
@@ -288,7 +289,7 @@ TEST(PcpLink, ReplicatedDecodeTiesWriteFromTheLargestAndLookupTheSmallest) {
   const std::vector<int64_t> all(3, l.local_keys[0]);
   const LinkResult r = link_resolve(in, l, all, 3);
   EXPECT_EQ(r.ring_write_slots, (std::vector<int64_t>{-1, -1, 26}));
-  const LinkResult rev = link_resolve(in, l, all, 3, TieBreak::kReversedForTesting);
+  const LinkResult rev = seam::link_resolve_reversed_ties(in, l, all, 3);
   EXPECT_EQ(rev.ring_write_slots, (std::vector<int64_t>{26, -1, -1}));
   // A chunk starting at position 11 of the same block finds the smallest copy (gathered 0)...
   const std::vector<int64_t> slots2 = {3 * 8 + 3}, pos2 = {11};
@@ -296,7 +297,7 @@ TEST(PcpLink, ReplicatedDecodeTiesWriteFromTheLargestAndLookupTheSmallest) {
   const LinkResult r2 = link_resolve(in2, link_local_keys(in2), all, 3);
   EXPECT_EQ(r2.prev_row_indices, (std::vector<int64_t>{0}));
   // ...and the reversed tie-break the largest.
-  const LinkResult r3 = link_resolve(in2, link_local_keys(in2), all, 3, TieBreak::kReversedForTesting);
+  const LinkResult r3 = seam::link_resolve_reversed_ties(in2, link_local_keys(in2), all, 3);
   EXPECT_EQ(r3.prev_row_indices, (std::vector<int64_t>{2}));
 }
 

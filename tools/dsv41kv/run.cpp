@@ -29,6 +29,9 @@
 #include "dsv41kv/nccl_comm.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/records.hpp"
+#if defined(DSV41KV_TEST_SEAMS)
+#include "dsv41kv/test_seam.hpp"
+#endif
 
 namespace dsv41kv::cli {
 namespace {
@@ -159,9 +162,9 @@ int run_command(const RunOptions& o) {
   sc.placement = pcp::parse_placement(o.placement);
   sc.num_speculative_tokens = o.num_spec;
   sc.max_host_bytes = physical_memory_bytes();
-  if (o.mutation == "drop-gathered-predecessors") sc.mutation = pcp::Mutation::kDropGatheredPredecessors;
-  else if (o.mutation == "reverse-tie-break") sc.mutation = pcp::Mutation::kReverseTieBreak;
-  else if (o.mutation == "skip-save-ring-rows") sc.mutation = pcp::Mutation::kSkipSaveRingRows;
+#if defined(DSV41KV_TEST_SEAMS)
+  sc.fault = seam::parse_fault(o.mutation);
+#endif
   const std::vector<int> ps = parse_pcp(o.pcp);
   for (int P : ps)
     if (P > 1 && o.num_spec > 0)
@@ -178,9 +181,11 @@ int run_command(const RunOptions& o) {
                            "with a CUDA device)\n", cuda_device_description().c_str());
       return 2;
     }
-    if (sc.mutation == pcp::Mutation::kReverseTieBreak)
+#if defined(DSV41KV_TEST_SEAMS)
+    if (sc.fault == seam::PcpFault::kReverseTieBreak)
       invalid_argument("--mutation reverse-tie-break with --device cuda: the device link's sort is stable by "
                        "gathered index (expected --device cpu)");
+#endif
   }
   if (o.launch != "local" && o.kill_rank >= 0)
     invalid_argument(fmt::format("--kill-rank {} without --launch local: only worker processes can be killed "
@@ -492,10 +497,13 @@ void add_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--states-per-page", o.states_per_page, "compressed states per page (0: 64 / ratio)")->check(CLI::Range(0, 1 << 16))->capture_default_str();
   cmd->add_option("--num-speculative-tokens", o.num_spec, "speculative tokens (rejected with P > 1, E6)")->check(CLI::Range(0, 1 << 10))->capture_default_str();
   cmd->add_flag("--json", o.json, "machine-readable output");
-  // Test-only: break the PCP step on purpose to show that --verify catches it (hidden).
+#if defined(DSV41KV_TEST_SEAMS)
+  // The test seam (dsv41kv/test_seam.hpp): break the PCP step on purpose to show that --verify
+  // catches it (hidden; builds without seams have no such flag).
   cmd->add_option("--mutation", o.mutation, "")
       ->check(CLI::IsMember({"none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows"}))
       ->group("");
+#endif
   cmd->add_flag("--verify", o.verify, "compare every step with P = 1 (SPEC 7.8); exit 1 on a difference");
   cmd->add_option("--device", o.device, "cpu | cuda: where the ranks' caches, rings and latents live (cuda: exit 2 "
                                         "without a GPU)")
