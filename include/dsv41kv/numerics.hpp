@@ -4,6 +4,7 @@
 // compiled with -ffp-contract=off.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -152,17 +153,25 @@ DSV41KV_HD float e2m1_decode(uint8_t nibble) {
   return (nibble & 8u) ? -mag : mag;
 }
 
+// The decision thresholds T_0 .. T_6 of e2m1_encode: the midpoints between neighbouring
+// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. A magnitude exactly at a threshold goes to the even code:
+// down at T_0, T_2, T_4, T_6, up at T_1, T_3, T_5. The device forms (formats/cuda/fast_numerics.cuh)
+// compare with these thresholds times the tile scale.
+DSV41KV_HD constexpr float e2m1_threshold(int k) {
+  return k == 0 ? 0.25f : k == 1 ? 0.75f : k == 2 ? 1.25f : k == 3 ? 1.75f : k == 4 ? 2.5f : k == 5 ? 3.5f : 5.0f;
+}
+
 // Round-to-nearest, ties to the even code, saturating at 6. Never called on NaN (SPEC 2.6).
 DSV41KV_HD uint8_t e2m1_encode(float x) {
   const float a = abs_f(x);
   uint8_t c;
-  if (a <= 0.25f) c = 0;
-  else if (a < 0.75f) c = 1;
-  else if (a <= 1.25f) c = 2;
-  else if (a < 1.75f) c = 3;
-  else if (a <= 2.5f) c = 4;
-  else if (a < 3.5f) c = 5;
-  else if (a <= 5.0f) c = 6;
+  if (a <= e2m1_threshold(0)) c = 0;
+  else if (a < e2m1_threshold(1)) c = 1;
+  else if (a <= e2m1_threshold(2)) c = 2;
+  else if (a < e2m1_threshold(3)) c = 3;
+  else if (a <= e2m1_threshold(4)) c = 4;
+  else if (a < e2m1_threshold(5)) c = 5;
+  else if (a <= e2m1_threshold(6)) c = 6;
   else c = 7;
   return static_cast<uint8_t>(c | ((f2u(x) >> 31) << 3));
 }
@@ -224,6 +233,14 @@ DSV41KV_HD float ue8m0_scale(uint8_t byte) {
 
 // ---------------------------------------------------------------- NVFP4 tile (SPEC 2.5)
 
+// The value whose e4m3 code is the scale byte of a finite NVFP4 tile with this amax:
+// clamp(amax * fp32(1/6), 2^-9, 448) (DECISION 4: the multiply by fp32(1/6), not a division).
+DSV41KV_HD float nvfp4_scale_value(float amax) {
+  const float t = mul_rn(amax, u2f(kInv6Bits));
+  const float lo = 1.0f / 512.0f;
+  return t < lo ? lo : (t > 448.0f ? 448.0f : t);
+}
+
 // Quantize 16 values: packed[0..8) (even element in the low nibble), returns the e4m3 scale.
 DSV41KV_HD uint8_t nvfp4_quantize_tile(const float* v, uint8_t* packed) {
   float amax = 0.0f;
@@ -236,10 +253,7 @@ DSV41KV_HD uint8_t nvfp4_quantize_tile(const float* v, uint8_t* packed) {
     for (int i = 0; i < 8; ++i) packed[i] = 0;
     return 0x7F;
   }
-  float t = mul_rn(amax, u2f(kInv6Bits));
-  const float lo = 1.0f / 512.0f;
-  t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
-  const uint8_t sbyte = e4m3_encode(t);
+  const uint8_t sbyte = e4m3_encode(nvfp4_scale_value(amax));
   const float sd = e4m3_decode(sbyte);
   for (int i = 0; i < 8; ++i) {
     const uint8_t a = e2m1_encode(div_rn(v[2 * i], sd));
@@ -251,18 +265,18 @@ DSV41KV_HD uint8_t nvfp4_quantize_tile(const float* v, uint8_t* packed) {
 
 // ---------------------------------------------------------------- exp32 (SPEC 4.6)
 
-// Portable fp32 exponential: Cody-Waite reduction by ln2 and a degree-7 polynomial in Horner
-// form with explicit fma. exp32(0) == 1 exactly; exp32(x) == 0 for x < -104; error <= 2 ulp
-// (tested against binary64 over the whole range).
-DSV41KV_HD float exp32(float x) {
-  if (is_nan(x)) return x;
-  if (x < -104.0f) return 0.0f;
-  if (x > 88.72283935546875f) return u2f(0x7F800000u);
-  // j = round-half-even(x * log2(e)) with the 1.5 * 2^23 trick (exact for |t| < 2^22).
-  const float t = mul_rn(x, 1.44269502162933349609375f);
-  const float j = sub_rn(add_rn(t, 12582912.0f), 12582912.0f);
-  float r = fma_rn(j, -0.693359375f, x);          // ln2 high part (exact product)
-  r = fma_rn(j, 2.12194440e-4f, r);               // ln2 low part: ln2 = 0.693359375 - 2.1219444e-4
+// The parts of exp32, shared with its branch-free device forms (formats/cuda/fast_numerics.cuh):
+// the shifted product s = x * log2(e) + 1.5 * 2^23, whose low bits hold j = round-half-even(x *
+// log2(e)) and j = s - 1.5 * 2^23 exactly (for |x * log2(e)| < 2^22); the Cody-Waite reduction
+// r = x - j * ln2 with ln2 = 0.693359375 - 2.12194440e-4 (the high part's product is exact); and
+// the degree-7 polynomial in Horner form with explicit fma (Cephes coefficients).
+inline constexpr float kExp32Shift = 12582912.0f;  // 1.5 * 2^23
+DSV41KV_HD float exp32_shifted(float x) { return add_rn(mul_rn(x, 1.44269502162933349609375f), kExp32Shift); }
+DSV41KV_HD float exp32_reduce(float x, float j) {
+  const float r = fma_rn(j, -0.693359375f, x);
+  return fma_rn(j, 2.12194440e-4f, r);
+}
+DSV41KV_HD float exp32_poly(float r) {
   float p = 1.9875691500e-4f;
   p = fma_rn(p, r, 1.3981999507e-3f);
   p = fma_rn(p, r, 8.3334519073e-3f);
@@ -270,7 +284,17 @@ DSV41KV_HD float exp32(float x) {
   p = fma_rn(p, r, 1.6666665459e-1f);
   p = fma_rn(p, r, 5.0000001201e-1f);
   p = fma_rn(p, r, 1.0f);
-  p = fma_rn(p, r, 1.0f);
+  return fma_rn(p, r, 1.0f);
+}
+
+// Portable fp32 exponential: exp32(x) = exp32_poly(r) * 2^j. exp32(0) == 1 exactly;
+// exp32(x) == 0 for x < -104; error <= 2 ulp (tested against binary64 over the whole range).
+DSV41KV_HD float exp32(float x) {
+  if (is_nan(x)) return x;
+  if (x < -104.0f) return 0.0f;
+  if (x > 88.72283935546875f) return u2f(0x7F800000u);
+  const float j = sub_rn(exp32_shifted(x), kExp32Shift);
+  const float p = exp32_poly(exp32_reduce(x, j));
   int ji = static_cast<int>(j);
   if (ji < -125) {  // subnormal result: scale in two exact-then-one-rounding steps
     return mul_rn(mul_rn(p, exp2i(ji + 64)), exp2i(-64));

@@ -1,7 +1,7 @@
 // The four-warp kernel of the fused compress (+ insert) (decode-sized grids).
 #pragma once
 
-#include "compressor/cuda/pool_fast.cuh"
+#include "compressor/cuda/compress_math.cuh"
 #include "compressor/cuda/program.cuh"
 #include "core/cuda/cuda_util.hpp"
 #include "core/cuda/memory.cuh"
@@ -240,10 +240,7 @@ __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p
       const float v = pr[36 * i];
       part = num::fma_rn(v, v, part);
     }
-#pragma unroll
-    for (int h = 16; h >= 1; h >>= 1)
-      part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
-    const float rs = cmath::rms_inverse(__shfl_sync(0xFFFFFFFFu, part, 0), p.eps);
+    const float rs = cmath::rms_inverse(warp_reduce32(part), p.eps);
     // 4. latent (writer layout == load layout)
     // latent = bf16((pooled * rs) * w) (cmath::latent_value, element-wise)
     const float wf[4] = {num::u2f(wpk.x << 16), num::u2f(wpk.x & 0xFFFF0000u), num::u2f(wpk.y << 16),

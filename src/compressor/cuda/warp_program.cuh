@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "compressor/cuda/pool_fast.cuh"
+#include "compressor/cuda/compress_math.cuh"
 #include "compressor/cuda/program.cuh"
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/memory.cuh"
@@ -265,20 +265,7 @@ __device__ __forceinline__ void process_warp(const CompressParams& p, int64_t t,
     else v = pooled.f32(pr + 36u * i);
     part = num::fma_rn(v, v, part);
   }
-  float sum;
-  if constexpr (Pooled::kRotated) {
-    // the same tree as a butterfly: lanes l and l ^ h add the same two values (in either order:
-    // IEEE addition is commutative, and a NaN sum is the canonical NaN either way), so after each
-    // level they hold the same value and every lane ends with lane 0's sum, without the broadcast
-#pragma unroll
-    for (int h = 16; h >= 1; h >>= 1) part = num::add_rn(part, __shfl_xor_sync(0xFFFFFFFFu, part, h));
-    sum = part;
-  } else {
-#pragma unroll
-    for (int h = 16; h >= 1; h >>= 1)
-      part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, h));
-    sum = __shfl_sync(0xFFFFFFFFu, part, 0);
-  }
+  const float sum = Pooled::kRotated ? warp_reduce32_butterfly(part) : warp_reduce32(part);
   const float rs = cmath::rms_inverse(sum, p.eps);
   // 4. latent, writer layout: lane owns dims [16*lane, 16*lane + 16)
   const int d0 = 16 * lane;

@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 #endif
 
+#include <bit>
 #include <cstdint>
 
 #include "dsv41kv/numerics.hpp"
@@ -23,7 +24,6 @@
 namespace dsv41kv::detail::cuda {
 
 // ---------------------------------------------------------------- exp32 without branches
-
 
 // exp32 of numerics.hpp for x <= 0 or NaN (the only arguments pool2 gives it: x = score - max),
 // without branches; the same value as exp32 for every x that is not > 0 (NaN payloads too):
@@ -39,19 +39,9 @@ namespace dsv41kv::detail::cuda {
 // Out-of-range x give garbage intermediates that are never selected (fp32 arithmetic does not
 // trap; the integer operations are on unsigned values).
 DSV41KV_HD float exp32_nonpos(float x) {
-  const float t = num::mul_rn(x, 1.44269502162933349609375f);
-  const float s = num::add_rn(t, 12582912.0f);
-  const float j = num::sub_rn(s, 12582912.0f);
-  float r = num::fma_rn(j, -0.693359375f, x);
-  r = num::fma_rn(j, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = num::fma_rn(p, r, 1.3981999507e-3f);
-  p = num::fma_rn(p, r, 8.3334519073e-3f);
-  p = num::fma_rn(p, r, 4.1665795894e-2f);
-  p = num::fma_rn(p, r, 1.6666665459e-1f);
-  p = num::fma_rn(p, r, 5.0000001201e-1f);
-  p = num::fma_rn(p, r, 1.0f);
-  p = num::fma_rn(p, r, 1.0f);
+  const float s = num::exp32_shifted(x);
+  const float j = num::sub_rn(s, num::kExp32Shift);
+  const float p = num::exp32_poly(num::exp32_reduce(x, j));
   const uint32_t ju = num::f2u(s) - 0x4B400000u;
   const bool sub = static_cast<int>(ju) < -125;
   const uint32_t e1 = ju + (sub ? 64u + 127u : 127u);
@@ -67,19 +57,9 @@ DSV41KV_HD float exp32_nonpos(float x) {
 // is p * 2^ju, exactly what exp32_nonpos returns (its second factor is 1.0f). Outside that range
 // the result is garbage and must not be used (pool2_try guards on x).
 __device__ __forceinline__ float exp32_mid(float x) {
-  const float t = num::mul_rn(x, 1.44269502162933349609375f);
-  const float s = num::add_rn(t, 12582912.0f);
-  const float j = num::sub_rn(s, 12582912.0f);
-  float r = num::fma_rn(j, -0.693359375f, x);
-  r = num::fma_rn(j, 2.12194440e-4f, r);
-  float p = 1.9875691500e-4f;
-  p = num::fma_rn(p, r, 1.3981999507e-3f);
-  p = num::fma_rn(p, r, 8.3334519073e-3f);
-  p = num::fma_rn(p, r, 4.1665795894e-2f);
-  p = num::fma_rn(p, r, 1.6666665459e-1f);
-  p = num::fma_rn(p, r, 5.0000001201e-1f);
-  p = num::fma_rn(p, r, 1.0f);
-  p = num::fma_rn(p, r, 1.0f);
+  const float s = num::exp32_shifted(x);
+  const float j = num::sub_rn(s, num::kExp32Shift);
+  const float p = num::exp32_poly(num::exp32_reduce(x, j));
   // (ju + 127) << 23 with ju = f2u(s) - 0x4B400000 (0x4B400000 << 23 == 0 mod 2^32)
   return num::mul_rn(p, num::u2f((num::f2u(s) << 23) + 0x3F800000u));
 }
@@ -114,13 +94,13 @@ DSV41KV_HD uint8_t e2m1_quotient_code(float v, const float (&thr)[7]) {
   return static_cast<uint8_t>(c | ((num::f2u(v) >> 31) << 3));
 }
 DSV41KV_HD void e2m1_thresholds(float sd, float (&thr)[7]) {
-  thr[0] = num::mul_rn(0.25f, sd);
-  thr[1] = num::mul_rn(0.75f, sd);
-  thr[2] = num::mul_rn(1.25f, sd);
-  thr[3] = num::mul_rn(1.75f, sd);
-  thr[4] = num::mul_rn(2.5f, sd);
-  thr[5] = num::mul_rn(3.5f, sd);
-  thr[6] = num::mul_rn(5.0f, sd);
+  thr[0] = num::mul_rn(num::e2m1_threshold(0), sd);
+  thr[1] = num::mul_rn(num::e2m1_threshold(1), sd);
+  thr[2] = num::mul_rn(num::e2m1_threshold(2), sd);
+  thr[3] = num::mul_rn(num::e2m1_threshold(3), sd);
+  thr[4] = num::mul_rn(num::e2m1_threshold(4), sd);
+  thr[5] = num::mul_rn(num::e2m1_threshold(5), sd);
+  thr[6] = num::mul_rn(num::e2m1_threshold(6), sd);
 }
 
 // Two e4m3 bytes (lo = a, hi = b) of finite inputs; equal to e4m3_encode of each.
@@ -288,9 +268,7 @@ DSV41KV_HD float e4m3_decode_finite(uint8_t b) {
 // The NVFP4 scale of a finite tile with the given amax (num::nvfp4_quantize_tile): the e4m3
 // scale byte and the e2m1 decision thresholds (e2m1_thresholds) of its decoded value.
 __device__ __forceinline__ uint8_t nv_tile_scale_byte(float amax) {
-  float t = num::mul_rn(amax, num::u2f(num::kInv6Bits));
-  const float lo = 1.0f / 512.0f;
-  t = t < lo ? lo : (t > 448.0f ? 448.0f : t);
+  const float t = num::nvfp4_scale_value(amax);
   return static_cast<uint8_t>(e4m3x2_finite(t, t) & 0xFFu);
 }
 __device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
@@ -340,6 +318,8 @@ DSV41KV_HD void e2m1_select_thresholds(const E2m1Select& S, float (&thr)[7]) {
 }
 // The constants of the e4m3 scale byte `sb` (a finite, positive scale): on sm_90 six bf16x2
 // multiplies of sd (exact, see above) instead of fp32 products, shifts and duplications.
+// The bf16 bits of a constant (exact in bf16) in both halves of a word.
+constexpr uint32_t bf16x2_constant(float v) { return (std::bit_cast<uint32_t>(v) >> 16) * 0x00010001u; }
 DSV41KV_HD E2m1Select e2m1_select_bf16x2(uint8_t sb) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t sd2 = (num::f2u(e4m3_decode_finite(sb)) >> 16) * 0x00010001u;
@@ -348,8 +328,14 @@ DSV41KV_HD E2m1Select e2m1_select_bf16x2(uint8_t sb) {
     asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(c2), "r"(sd2));
     return r;
   };
-  return {mul(0x3E803E80u), mul(0x3F403F40u), mul(0x3FE03FE0u), mul(0x40104010u),
-          mul(0x40304030u), sd2,              mul(0x3FC03FC0u)};
+  // the factors of sd of E2m1Select's fields, from the thresholds T_k of num::e2m1_threshold
+  constexpr auto T = num::e2m1_threshold;
+  constexpr uint32_t c_t0 = bf16x2_constant(T(0)), c_t1 = bf16x2_constant(T(1)), c_t3 = bf16x2_constant(T(3));
+  constexpr uint32_t c_d40 = bf16x2_constant(T(4) - T(0)), c_d51 = bf16x2_constant(T(5) - T(1));
+  constexpr uint32_t c_dh = bf16x2_constant((T(6) - T(4)) - (T(2) - T(0)));
+  static_assert(c_t0 == 0x3E803E80u && c_t1 == 0x3F403F40u && c_t3 == 0x3FE03FE0u && c_d40 == 0x40104010u &&
+                c_d51 == 0x40304030u && c_dh == 0x3FC03FC0u && (T(2) - T(0)) == 1.0f);
+  return {mul(c_t0), mul(c_t1), mul(c_t3), mul(c_d40), mul(c_d51), sd2, mul(c_dh)};
 #else
   float thr[7];
   e2m1_thresholds(e4m3_decode_finite(sb), thr);

@@ -1,4 +1,7 @@
-// Fast forms of pool2 (compress_math.hpp, SPEC 4.6), bit-identical to it: pool2_fast needs only
+// The device forms of the pooling and RMSNorm routine of compress_math.hpp (SPEC 4.6), each
+// bit-identical to the exact form it replaces.
+//
+// pool2: pool2_fast needs only
 // one exp32 when one score is the maximum, because exp32(+-0) == 1 exactly (numerics.hpp); the
 // other branch keeps two exp32 calls. The exponential is the branch-free exp32_nonpos, and on the
 // device the two weights 1/den and ex/den share one reciprocal seed (pool2_try, checked for every
@@ -122,6 +125,26 @@ __device__ __forceinline__ void pool2_vec(const float4 (&akv)[N], const float4 (
       if (!ok[k][3]) out[k].w = pool2_exact(akv[k].w, asc[k].w, bkv[k].w, bsc[k].w);
     }
   }
+}
+
+// SPEC 4.6's reduction of the 32 partial sums (cmath::reduce32) on a warp whose lane l holds
+// part[l]: the shuffle-down tree h = 16 .. 1 adds, at every level, exactly the pairs reduce32 adds
+// (lane l < h takes lane l + h), so lane 0 ends with reduce32's value, which every lane receives.
+__device__ __forceinline__ float warp_reduce32(float part) {
+  part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, 16));
+  part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, 8));
+  part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, 4));
+  part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, 2));
+  part = num::add_rn(part, __shfl_down_sync(0xFFFFFFFFu, part, 1));
+  return __shfl_sync(0xFFFFFFFFu, part, 0);
+}
+// The same tree as a butterfly: lanes l and l ^ h add the same two values (in either order: IEEE
+// addition is commutative, and a NaN sum is the canonical NaN either way), so after each level
+// they hold the same value and every lane ends with lane 0's sum, without the broadcast.
+__device__ __forceinline__ float warp_reduce32_butterfly(float part) {
+#pragma unroll
+  for (int h = 16; h >= 1; h >>= 1) part = num::add_rn(part, __shfl_xor_sync(0xFFFFFFFFu, part, h));
+  return part;
 }
 
 }  // namespace dsv41kv::detail::cuda
