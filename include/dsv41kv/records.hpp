@@ -38,11 +38,22 @@ inline constexpr RecordFormat kPackedRecordFormats[3] = {RecordFormat::V4_584, R
 // A token at position p closes its group of r positions when p is the group's last position;
 // only closing tokens produce a latent and a compressed record. Its state (compressed entry) is
 // p / r, and its record is rotated at the group's start position (p / r) * r.
-DSV41KV_HD constexpr bool closes_group(int64_t p, int64_t r) { return (p + 1) % r == 0; }
-DSV41KV_HD constexpr int64_t group_state(int64_t p, int64_t r) { return p / r; }
-DSV41KV_HD constexpr int64_t rope_row(int64_t p, int64_t r) { return (p / r) * r; }
-static_assert(closes_group(5, 2) && !closes_group(4, 2) && closes_group(0, 1) && rope_row(13, 2) == 12 &&
-              group_state(13, 2) == 6);
+// (Templates, so that each caller's integer types and evaluation order stay its own: a position
+// is int64, a ratio int or int64.)
+template <class P, class R>
+DSV41KV_HD constexpr bool closes_group(P p, R r) {
+  return (p + 1) % r == 0;
+}
+template <class P, class R>
+DSV41KV_HD constexpr P group_state(P p, R r) {
+  return p / r;
+}
+template <class P, class R>
+DSV41KV_HD constexpr P rope_row(P p, R r) {
+  return (p / r) * r;
+}
+static_assert(closes_group(int64_t{5}, 2) && !closes_group(int64_t{4}, 2) && closes_group(int64_t{0}, 1) &&
+              rope_row(int64_t{13}, 2) == 12 && group_state(int64_t{13}, 2) == 6);
 
 constexpr int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 

@@ -79,7 +79,7 @@ void request_program(const CompressIo& io, const CompressPlan& p, int64_t j, flo
   const int64_t s = io.qsl[j], e = io.qsl[j + 1];
   if (s >= e || io.slot[s] < 0) return;
   const int64_t pos = io.pos[s];
-  if (pos % 2 == 0) return;  // the first token opens a group: nothing to pool here
+  if (!closes_group(pos, 2)) return;  // the first token opens a group: nothing to pool here
   const float* pred = nullptr;
   if (p.pcp && io.prev != nullptr && j < p.prev_indices) {
     const int64_t g = io.prev_idx[j];

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "dsv41kv/metadata.hpp"
+#include "dsv41kv/records.hpp"
 #include "core/validate.hpp"
 #include "metadata/backend.hpp"
 
@@ -303,7 +304,7 @@ void build_compressed_slots(const CompressedSlotArgs& a, const ExecContext& ctx)
   const int64_t r = a.ratio, S = a.states_per_page;
   check_tokens(op, a.token_to_req, a.positions, a.block_table, "block_table", a.num_actual_tokens);
   auto gets_slot = [&](int64_t t) {
-    return (pos[t] + 1) % r == 0 && (tslot == nullptr || tslot[t] >= 0);  // PAD rule
+    return closes_group(pos[t], r) && (tslot == nullptr || tslot[t] >= 0);  // PAD rule
   };
   const int64_t cols = a.block_table.shape[1];
   for (int64_t t = 0; t < a.num_actual_tokens; ++t) {

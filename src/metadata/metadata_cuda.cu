@@ -6,6 +6,7 @@
 // valid inputs every output is bit-identical to the CPU builders.
 #include "core/cuda/cuda_util.hpp"
 #include "metadata/backend.hpp"
+#include "dsv41kv/records.hpp"
 
 namespace dsv41kv::detail::cuda {
 namespace {
@@ -104,7 +105,7 @@ __global__ void compressed_slots_kernel(const int32_t* __restrict__ t2r,
   if (t < num_actual) {
     const int64_t j = t2r[t];
     const int64_t p = pos[t];
-    const bool valid = p >= 0 && (p + 1) % ratio == 0 && (tslot == nullptr || tslot[t] >= 0);
+    const bool valid = p >= 0 && closes_group(p, ratio) && (tslot == nullptr || tslot[t] >= 0);
     if (valid && j >= 0 && j < bt.rows) {
       const int64_t s = p / ratio;
       int64_t lp, off;

@@ -12,6 +12,7 @@
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/pcp_step_cuda.hpp"
 #include "dsv41kv/rng.hpp"
+#include "dsv41kv/records.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -152,7 +153,7 @@ struct Simulation::Impl {
       for (int64_t p = std::max<int64_t>(0, r.start - cap); p < r.start; ++p) {
         fill_kv_row(row.data(), w.config.seed, static_cast<int64_t>(id), p, kRingRowFloats);
         const size_t off = static_cast<size_t>((r.ring_block * cap + p % cap) * kRingRowFloats);
-        const bool open = p == r.start - 1 && p % 2 == 0;
+        const bool open = p == r.start - 1 && !closes_group(p, 2);
         if (with_ref) std::memcpy(ref.ring_tail.data() + off, row.data(), sizeof(float) * kRingRowFloats);
         if (!open) continue;
         if (with_ref) std::memcpy(ref.ring_open.data() + off, row.data(), sizeof(float) * kRingRowFloats);
@@ -423,7 +424,7 @@ void Simulation::Impl::run_reference() {
                   sizeof(float) * kRingRowFloats);
       const int64_t p = r.positions[static_cast<size_t>(e - 1)];
       const int32_t b = ring_bt[static_cast<size_t>(g)];
-      if (b > 0 && p % 2 == 0) wslots[static_cast<size_t>(g)] = b * cap + p % cap;
+      if (b > 0 && !closes_group(p, 2)) wslots[static_cast<size_t>(g)] = b * cap + p % cap;
     }
     c.prev_rows = TensorView::contiguous(last_rows.data(), DType::F32, {G, kRingRowFloats});
     c.prev_row_indices = v_i64(idx, G);
@@ -579,7 +580,7 @@ StepReport Simulation::run_step(int64_t i) {
       for (int64_t j = 0; j < L.R; ++j) {
         const int32_t s0 = rb.qsl[static_cast<size_t>(j)];
         if (s0 == rb.qsl[static_cast<size_t>(j + 1)] || rs.ring_slots[static_cast<size_t>(s0)] < 0 ||
-            rb.positions[static_cast<size_t>(s0)] % 2 == 0)
+            !closes_group(rb.positions[static_cast<size_t>(s0)], 2))
           continue;
         if (L.prev_row_indices[static_cast<size_t>(j)] >= 0) ++rep.prev_from_gathered;
         else ++rep.prev_from_ring;
@@ -691,7 +692,7 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
         int64_t want = -1;
         if (s.global_req >= 0 && s.len > 0 && block_of(s.global_req) > 0) {
           const int64_t fp = m.sreqs[static_cast<size_t>(s.global_req)].req.num_computed + s.chunk_offset;
-          if (fp % 2 == 1) {
+          if (closes_group(fp, 2)) {
             for (int k2 = P - 1; k2 >= 0; --k2) {
               const RankBatch& rb2 = plan.ranks[static_cast<size_t>(k2)];
               for (int64_t j2 = std::min(rb2.num_reqs(), rows) - 1; j2 >= 0; --j2) {
@@ -720,7 +721,7 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
     for (int64_t i = 0; i < rb.num_tokens; ++i) {
       const int64_t row = k * padded + i;
       const int64_t p = rb.positions[static_cast<size_t>(i)];
-      if ((p + 1) % r != 0) continue;
+      if (!closes_group(p, r)) continue;
       const bool valid = r == 2 ? rs.ring_slots[static_cast<size_t>(i)] >= 0 : m.gathered_cslots[static_cast<size_t>(row)] >= 0;
       if (!valid) continue;
       const int64_t src = plan.gathered_source[static_cast<size_t>(row)];
@@ -829,7 +830,7 @@ std::optional<Mismatch> Simulation::compare_rank(const Simulation& other, CheckS
     const RankBatch& rb = plan.ranks[static_cast<size_t>(k)];
     for (int64_t i = 0; i < rb.num_tokens; ++i) {
       const int64_t p = rb.positions[static_cast<size_t>(i)];
-      if ((p + 1) % m.cfg.ratio != 0) continue;
+      if (!closes_group(p, m.cfg.ratio)) continue;
       const bool valid = m.cfg.ratio == 2
                              ? rs.ring_slots[static_cast<size_t>(i)] >= 0
                              : m.gathered_cslots[static_cast<size_t>(k * plan.padded + i)] >= 0;

@@ -103,7 +103,7 @@ LinkResult resolve(const LinkInput& in, const LinkLocal& local, std::span<const 
     const int64_t blk = k >> 32;
     const int64_t pos = k & 0xFFFFFFFF;
     const bool newest = i == G - 1 || blk != (r.sorted_keys[static_cast<size_t>(i + 1)] >> 32);
-    if (k >= 0 && newest && pos % 2 == 0)
+    if (k >= 0 && newest && !closes_group(pos, 2))
       r.ring_write_slots[static_cast<size_t>(r.order[static_cast<size_t>(i)])] = blk * in.cap + pos % in.cap;
   }
 
@@ -116,7 +116,7 @@ LinkResult resolve(const LinkInput& in, const LinkLocal& local, std::span<const 
     const int64_t lb = std::lower_bound(r.sorted_keys.begin(), r.sorted_keys.end(), wanted) -
                        r.sorted_keys.begin();
     const int64_t f = std::min(lb, G - 1);
-    const bool has_prev = e > s && wanted >= 0 && fp % 2 == 1 &&
+    const bool has_prev = e > s && wanted >= 0 && closes_group(fp, 2) &&
                           r.sorted_keys[static_cast<size_t>(f)] == wanted;
     r.prev_row_indices[static_cast<size_t>(j)] = has_prev ? r.order[static_cast<size_t>(f)] : -1;
   }
@@ -150,6 +150,7 @@ LinkResult link_pcp_chunks(const LinkInput& in, Communicator& comm) {
 
 #if defined(DSV41KV_TEST_SEAMS)
 #include "dsv41kv/test_seam.hpp"
+#include "dsv41kv/records.hpp"
 
 namespace dsv41kv::seam {
 

@@ -11,6 +11,7 @@
 
 #include "core/cuda/cuda_util.hpp"
 #include "dsv41kv/pcp_cuda.hpp"
+#include "dsv41kv/records.hpp"
 
 namespace dsv41kv::pcp {
 namespace {
@@ -59,7 +60,7 @@ __global__ void resolve_kernel(const int64_t* __restrict__ sorted, const int64_t
     const int64_t blk = k >> 32, p = k & 0xFFFFFFFF;
     const bool newest = i == G - 1 || blk != (sorted[i + 1] >> 32);
     int64_t v = -1;
-    if (k >= 0 && newest && p % 2 == 0) {
+    if (k >= 0 && newest && !closes_group(p, 2)) {
       int64_t q, r;
       detail::divmod(p, cap, q, r);
       v = blk * cap + r;

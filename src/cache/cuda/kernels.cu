@@ -21,8 +21,8 @@ __global__ void __launch_bounds__(256) insert_kernel(const InsertParams p) {
   const int64_t slot = p.slot[t];
   if (slot < 0 || slot >= p.cache.capacity) return;
   const int64_t pos = p.pos[t];
-  if (pos < 0 || (pos + 1) % p.ratio != 0) return;  // only closing tokens are written
-  const int64_t row = (pos / p.ratio) * p.ratio;      // RoPE at the group start
+  if (pos < 0 || !closes_group(pos, p.ratio)) return;  // only closing tokens are written
+  const int64_t row = rope_row(pos, p.ratio);             // RoPE at the group start
   if (row >= p.table_rows) return;
   const int d0 = 16 * lane;
   float x[16], y[16];

@@ -43,9 +43,9 @@ __device__ __forceinline__ void insert_decision(const CompressParams& p, int64_t
   slot_out = -1;
   row_out = 0;
   if constexpr (F != kNoRecord) {
-    const int64_t row = (pos_t / R) * R;
+    const int64_t row = rope_row(pos_t, R);
     const bool ins = islot >= 0 && islot < p.cache.capacity && pos_t >= 0 &&
-                     ((pos_t + 1) % R) == 0 && row < p.table_rows;
+                     closes_group(pos_t, R) && row < p.table_rows;
     if (ins) {
       slot_out = islot;
       row_out = row;
