@@ -15,6 +15,7 @@
 
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/numerics.hpp"
+#include "dsv41kv/reference.hpp"
 #include "dsv41kv/safetensors.hpp"
 
 #if defined(DSV41KV_WITH_CUDA)
@@ -29,26 +30,6 @@ using st::SafetensorsFile;
 using st::StDType;
 
 constexpr uint16_t kLatentCanary = 0x7FC0;  // bf16 NaN: latents before the step
-
-// The latent row of token t in binary64 (SPEC 4.6 with exact exp, sqrt and division): used only
-// to tell a rounding-boundary disagreement from a real one. pred is null for ratio 1.
-std::vector<double> latent_binary64(const float* pred, const float* cur, const uint16_t* w, double eps) {
-  std::vector<double> pooled(kLatentDim);
-  double ss = 0;
-  for (int d = 0; d < kLatentDim; ++d) {
-    double v = cur[d];
-    if (pred != nullptr) {
-      const double a = pred[kLatentDim + d], b = cur[kLatentDim + d], m = std::max(a, b);
-      const double ea = std::exp(a - m), eb = std::exp(b - m);
-      v = (pred[d] * ea + cur[d] * eb) / (ea + eb);
-    }
-    pooled[static_cast<size_t>(d)] = v;
-    ss += v * v;
-  }
-  const double rs = 1.0 / std::sqrt(ss / kLatentDim + eps);
-  for (int d = 0; d < kLatentDim; ++d) pooled[static_cast<size_t>(d)] *= rs * num::bf16_decode(w[d]);
-  return pooled;
-}
 
 // a and b are adjacent bf16 values and the exact value lies within 2^-11 of their spacing (32
 // fp32 ulps) of the midpoint between them: both roundings are what a correct fp32 computation
@@ -593,7 +574,7 @@ FileResult run_file(const std::string& path, const Options& opt) {
             pred = cur - kLatentDim * R;
           }
         }
-        cached = latent_binary64(pred, cur, norm_w.data(), m.eps);
+        cached = reference::latent(pred, cur, norm_w.data(), m.eps);
         cached_row = r;
         return cached;
       };
