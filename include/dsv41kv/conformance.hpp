@@ -35,10 +35,10 @@ struct Options {
 // project's value a agrees with the reference's b when
 //   |a - b| <= kLatentAtol + max(kLatentRtol * |b|, ulp_bf16(b)),
 // ulp_bf16(b) being the spacing of bf16 values at |b| (2^(e-7) in the binade [2^e, 2^(e+1)) of
-// |b|, 2^-133 below the normal range). The ulp term admits the one bf16 step (up to 2^-7 relative, more than
-// rtol) by which two correct roundings of nearly equal fp32 values differ at a rounding
-// midpoint; the atol term admits the few steps a near-cancellation leaves near zero. A NaN agrees
-// with a NaN, an infinity with the same infinity.
+// |b|, 2^-133 below the normal range). The ulp term admits the one bf16 step (up to 2^-7
+// relative, more than rtol) by which two correct roundings of nearly equal fp32 values differ at
+// a rounding midpoint; the atol term admits the few steps a near-cancellation leaves near zero.
+// A NaN agrees with a NaN, an infinity with the same infinity.
 inline constexpr double kLatentRtol = 0.004;
 inline constexpr double kLatentAtol = 1e-6;
 bool element_agrees(double a, double b);
