@@ -1,9 +1,11 @@
 // `dsv41kv conform` on the shipped files, on malformed files, on doctored references (the checks
-// must catch them), and --dump round trips (the library's runner itself: tests/oracles).
+// must catch real disagreements and admit what the agreement rule admits), and --dump round
+// trips; the runner on the unmodified files and the rule itself: tests/oracles/test_conformance.cpp.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dsv41kv/conformance.hpp"
 #include "dsv41kv/device.hpp"
@@ -193,6 +195,49 @@ TEST(ConformCli, DoctoredReferencesFail) {
     EXPECT_NE(r.out.find("r2 c1 decode           latent     FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("ring_out 1 floats differ"), std::string::npos) << r.out;
   }
+}
+
+// The plain bf16 rows hold the latent's values, so the latent rule applies to them: an element
+// two bf16 steps from the project's near zero (what a near-cancellation in ratio-2 pooling
+// leaves) agrees although it is beyond one quantization step. It is doctored in latent_out and
+// cache_bf16 alike, so that the from-reference insert still reproduces the bf16 backing.
+TEST(ConformLibrary, PlainBf16TwoStepsNearZeroAgree) {
+  TempDir tmp;
+  const auto f = SafetensorsFile::load(shipped(kR1));
+  const auto meta = nlohmann::json::parse(f.metadata("dsv41"));
+  const int64_t S = meta.at("states_per_page"), row_stride = meta.at("plain_row_stride"),
+                page_stride = meta.at("plain_page_stride");
+  int64_t ci = -1;
+  size_t lat_at = 0, cache_at = 0;
+  for (size_t c = 0; c < meta.at("cases").size() && ci < 0; ++c) {
+    const std::string p = "c" + std::to_string(c) + ".";
+    const auto lat = f.copy_as<uint16_t>(p + "latent_out");
+    const auto slots = f.copy_as<int64_t>(p + "cache_slots");
+    for (size_t t = 0; t < slots.size() && ci < 0; ++t) {
+      for (int d = 0; d < kNopeDim && slots[t] >= 0; ++d) {
+        const uint16_t v = lat[t * kLatentDim + static_cast<size_t>(d)];
+        const int e = (v >> 7) & 0xFF;
+        if (e == 0 || e >= 127 - 16 || (v & 0x7F) > 0x7D) continue;  // normal, below 2^-16, +2 steps in its binade
+        ci = static_cast<int64_t>(c);
+        lat_at = t * kLatentDim + static_cast<size_t>(d);
+        cache_at = static_cast<size_t>((slots[t] / S) * page_stride + (slots[t] % S) * row_stride + d);
+        break;
+      }
+    }
+  }
+  ASSERT_GE(ci, 0) << "no written NoPE latent element below 2^-16 in " << kR1;
+  const std::string p = "c" + std::to_string(ci) + ".";
+  const std::string half = tmp / "latent.safetensors", doctored = tmp / "near_zero.safetensors";
+  write_doctored(shipped(kR1), half, p + "latent_out", [&](std::vector<uint8_t>& b) { b[2 * lat_at] += 2; });
+  write_doctored(half, doctored, p + "cache_bf16", [&](std::vector<uint8_t>& b) { b[2 * cache_at] += 2; });
+  const conformance::FileResult r = conformance::run_file(doctored);
+  const conformance::CaseResult& c = r.cases[static_cast<size_t>(ci)];
+  EXPECT_TRUE(c.latent.pass) << c.latent.detail;
+  EXPECT_GE(c.latent.max_ulp, 2);
+  const conformance::FormatCheck& fc = c.formats[static_cast<size_t>(RecordFormat::PLAIN_BF16)];
+  EXPECT_TRUE(fc.pass) << fc.detail;
+  EXPECT_EQ(fc.identical + 1, fc.records);
+  EXPECT_TRUE(fc.from_reference_identical) << fc.detail;
 }
 
 TEST(ConformCli, DumpRoundTrip) {
