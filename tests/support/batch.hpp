@@ -11,6 +11,7 @@
 
 #include "compressor/compress_math.hpp"
 #include "dsv41kv/compressor.hpp"
+#include "dsv41kv/reference.hpp"
 #include "support/canary.hpp"
 #include "support/compare.hpp"
 #include "support/random.hpp"
@@ -189,26 +190,9 @@ struct Batch {
                         out.data());
     return out;
   }
-  // Straightforward double-precision reference: sum kv * softmax(score), then RMSNorm.
+  // The binary64 reference latent of an emitting token (SPEC 4.6 with exact exp/sqrt/division).
   std::vector<double> reference_latent(int64_t t) const {
-    const float* a = predecessor(t);
-    const float* b = kv_row(t);
-    std::vector<double> pooled(512);
-    for (int d = 0; d < 512; ++d) {
-      if (a == nullptr) {
-        pooled[static_cast<size_t>(d)] = b[d];
-        continue;
-      }
-      const double sa = a[512 + d], sb = b[512 + d], m = std::max(sa, sb);
-      const double ea = std::exp(sa - m), eb = std::exp(sb - m);
-      pooled[static_cast<size_t>(d)] = (a[d] * ea + b[d] * eb) / (ea + eb);
-    }
-    double ss = 0.0;
-    for (double v : pooled) ss += v * v;
-    const double rs = 1.0 / std::sqrt(ss / 512.0 + static_cast<double>(spec.eps));
-    for (int d = 0; d < 512; ++d)
-      pooled[static_cast<size_t>(d)] *= rs * num::bf16_decode(norm_w[static_cast<size_t>(d)]);
-    return pooled;
+    return reference::latent(predecessor(t), kv_row(t), norm_w.data(), static_cast<double>(spec.eps));
   }
   // Ring backing after a kTail step: the last min(len, cap) tokens of every chunk whose first
   // token has a valid slot, at their slots.

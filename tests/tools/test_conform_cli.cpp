@@ -1,9 +1,11 @@
-// The conformance runner (library + `dsv41kv conform` CLI) on the shipped files, on malformed
-// files, on doctored references (the checks must catch them), and --dump round trips.
+// `dsv41kv conform` on the shipped files, on malformed files, on doctored references (the checks
+// must catch real disagreements and admit what the agreement rule admits), and --dump round
+// trips; the runner on the unmodified files and the rule itself: tests/oracles/test_conformance.cpp.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dsv41kv/conformance.hpp"
 #include "dsv41kv/device.hpp"
@@ -56,30 +58,6 @@ TEST(ConformCli, ShippedFilesPass) {
   // one line per case and check: 2 files x 8 cases x (latent + 5 formats) + the summary
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 97);
   EXPECT_NE(r.out.find("r2 c5 random0          v4_584     "), std::string::npos) << r.out;
-}
-
-// SPEC 10.3's byte-for-byte part and the canary/ring checks, independent of the latent tolerance.
-TEST(ConformLibrary, FromReferenceLatentIsByteIdenticalAndNoStrayWrites) {
-  for (const char* name : {kR1, kR2}) {
-    const conformance::FileResult r = conformance::run_file(shipped(name));
-    ASSERT_EQ(r.cases.size(), 8u) << name;
-    EXPECT_EQ(r.checks(), 48);
-    for (const auto& c : r.cases) {
-      EXPECT_TRUE(c.error.empty()) << c.error;
-      EXPECT_TRUE(c.latent.ring_pass) << name << " " << c.name << ": " << c.latent.detail;
-      EXPECT_EQ(c.latent.touched_nan_rows, 0) << c.name;
-      EXPECT_LE(c.latent.max_ulp, 1) << name << " " << c.name;
-      ASSERT_EQ(c.formats.size(), 5u);
-      for (const auto& fc : c.formats) {
-        const std::string what = std::string(name) + " " + c.name + " " + record_info(fc.format).name;
-        EXPECT_TRUE(fc.from_reference_identical) << what << ": " << fc.detail;
-        EXPECT_EQ(fc.stray_bytes, 0) << what << ": " << fc.detail;
-        EXPECT_EQ(fc.beyond_step, 0) << what << ": " << fc.detail;
-        EXPECT_GT(fc.records, 0) << what;
-        EXPECT_GE(fc.identical * 100, fc.records * 95) << what;  // >= 95% byte-identical
-      }
-    }
-  }
 }
 
 TEST(ConformCli, MalformedOrMissingFileExits2) {
@@ -189,15 +167,15 @@ TEST(ConformCli, DoctoredReferencesFail) {
     const CliRun r = conform_cli("'" + p + "'", tmp);
     EXPECT_EQ(r.code, 1) << r.out << r.err;
     EXPECT_NE(r.out.find("r1 c0 prefill          bf16       FAIL"), std::string::npos) << r.out;
-    EXPECT_NE(r.out.find("beyond one quantization step"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("1 records beyond the latent tolerance"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("from-reference-latent: 1 bytes differ"), std::string::npos) << r.out;
   }
-  {  // a latent element moved by two bf16 ulps is a real disagreement, not a rounding-midpoint one
+  {  // a latent element moved by two bf16 steps, at a magnitude (>= 2^-8) where atol is negligible
     const auto f = SafetensorsFile::load(shipped(kR1));
     const auto lat = f.copy_as<uint16_t>("c0.latent_out");
     size_t at = lat.size();
     for (size_t i = 0; i < lat.size(); ++i)
-      if ((lat[i] & 0x7F80) != 0x7F80 && (lat[i] & 0x7F) < 0x70 && (lat[i] & 0x7F80) != 0) {
+      if ((lat[i] & 0x7F80) != 0x7F80 && (lat[i] & 0x7F) < 0x70 && (lat[i] & 0x7F80) >= (0x77 << 7)) {
         at = i;
         break;
       }
@@ -217,6 +195,49 @@ TEST(ConformCli, DoctoredReferencesFail) {
     EXPECT_NE(r.out.find("r2 c1 decode           latent     FAIL"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("ring_out 1 floats differ"), std::string::npos) << r.out;
   }
+}
+
+// The plain bf16 rows hold the latent's values, so the latent rule applies to them: an element
+// two bf16 steps from the project's near zero (what a near-cancellation in ratio-2 pooling
+// leaves) agrees although it is beyond one quantization step. It is doctored in latent_out and
+// cache_bf16 alike, so that the from-reference insert still reproduces the bf16 backing.
+TEST(ConformLibrary, PlainBf16TwoStepsNearZeroAgree) {
+  TempDir tmp;
+  const auto f = SafetensorsFile::load(shipped(kR1));
+  const auto meta = nlohmann::json::parse(f.metadata("dsv41"));
+  const int64_t S = meta.at("states_per_page"), row_stride = meta.at("plain_row_stride"),
+                page_stride = meta.at("plain_page_stride");
+  int64_t ci = -1;
+  size_t lat_at = 0, cache_at = 0;
+  for (size_t c = 0; c < meta.at("cases").size() && ci < 0; ++c) {
+    const std::string p = "c" + std::to_string(c) + ".";
+    const auto lat = f.copy_as<uint16_t>(p + "latent_out");
+    const auto slots = f.copy_as<int64_t>(p + "cache_slots");
+    for (size_t t = 0; t < slots.size() && ci < 0; ++t) {
+      for (int d = 0; d < kNopeDim && slots[t] >= 0; ++d) {
+        const uint16_t v = lat[t * kLatentDim + static_cast<size_t>(d)];
+        const int e = (v >> 7) & 0xFF;
+        if (e == 0 || e >= 127 - 16 || (v & 0x7F) > 0x7D) continue;  // normal, below 2^-16, +2 steps in its binade
+        ci = static_cast<int64_t>(c);
+        lat_at = t * kLatentDim + static_cast<size_t>(d);
+        cache_at = static_cast<size_t>((slots[t] / S) * page_stride + (slots[t] % S) * row_stride + d);
+        break;
+      }
+    }
+  }
+  ASSERT_GE(ci, 0) << "no written NoPE latent element below 2^-16 in " << kR1;
+  const std::string p = "c" + std::to_string(ci) + ".";
+  const std::string half = tmp / "latent.safetensors", doctored = tmp / "near_zero.safetensors";
+  write_doctored(shipped(kR1), half, p + "latent_out", [&](std::vector<uint8_t>& b) { b[2 * lat_at] += 2; });
+  write_doctored(half, doctored, p + "cache_bf16", [&](std::vector<uint8_t>& b) { b[2 * cache_at] += 2; });
+  const conformance::FileResult r = conformance::run_file(doctored);
+  const conformance::CaseResult& c = r.cases[static_cast<size_t>(ci)];
+  EXPECT_TRUE(c.latent.pass) << c.latent.detail;
+  EXPECT_GE(c.latent.max_ulp, 2);
+  const conformance::FormatCheck& fc = c.formats[static_cast<size_t>(RecordFormat::PLAIN_BF16)];
+  EXPECT_TRUE(fc.pass) << fc.detail;
+  EXPECT_EQ(fc.identical + 1, fc.records);
+  EXPECT_TRUE(fc.from_reference_identical) << fc.detail;
 }
 
 TEST(ConformCli, DumpRoundTrip) {
@@ -267,35 +288,6 @@ TEST(ConformCli, DumpRoundTrip) {
   const CliRun again = conform_cli("'" + dump_dir + "/" + kR1 + "' '" + dump_dir + "/" + kR2 + "'", tmp);
   EXPECT_EQ(again.code, 0) << again.out;
   EXPECT_EQ(again.last_line(), "96 passed, 0 failed");
-}
-
-TEST(ConformLibrary, DecodeWithStep) {
-  // plain bf16 row: value 1.5 (0x3FC0), step 2^-7
-  uint8_t row[1024] = {};
-  row[0] = 0xC0;
-  row[1] = 0x3F;
-  auto v = conformance::decode_with_step(RecordFormat::PLAIN_BF16, row, 1, 0, 0, 1.0f);
-  EXPECT_EQ(v.value, 1.5);
-  EXPECT_EQ(v.step, 1.0 / 128);
-  // plain fp8: e4m3 0x38 = 1.0, step 1/8, scaled by sigma
-  row[3] = 0x38;
-  v = conformance::decode_with_step(RecordFormat::PLAIN_FP8, row, 1, 0, 3, 2.0f);
-  EXPECT_EQ(v.value, 2.0);
-  EXPECT_EQ(v.step, 0.25);
-  // 528: value byte 0x40 (= 2.0) with UE8M0 scale 2^-3 (byte 124) in tile 0
-  std::vector<uint8_t> page(2 * 528, 0);
-  page[0] = 0x40;
-  page[2 * 512] = 124;
-  v = conformance::decode_with_step(RecordFormat::MXFP8_528, page.data(), 2, 0, 0, 1.0f);
-  EXPECT_EQ(v.value, 0.25);
-  EXPECT_EQ(v.step, 0.25 / 8);
-  // 288: nibble 7 (= 6) with e4m3 scale 0x38 (= 1.0): step 2
-  std::vector<uint8_t> p4(288, 0);
-  p4[0] = 0x70;  // dim 1 = nibble 7, dim 0 = 0
-  p4[256] = 0x38;
-  v = conformance::decode_with_step(RecordFormat::NVFP4_288, p4.data(), 1, 0, 1, 1.0f);
-  EXPECT_EQ(v.value, 6.0);
-  EXPECT_EQ(v.step, 2.0);
 }
 
 // --device cuda (skipped without a GPU): the same report as the CPU and byte-identical dumps.
