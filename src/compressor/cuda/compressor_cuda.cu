@@ -11,51 +11,14 @@
 #include <algorithm>
 #include <string>
 
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
-
 #include "compressor/backend.hpp"
 #include "compressor/cuda/params.hpp"
 #include "dsv41kv/tuning.hpp"
 #include "core/cuda/cuda_util.hpp"
+#include "core/cuda/tensor_map.hpp"
 
 namespace dsv41kv::detail::cuda {
 
-namespace {
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || f == nullptr) {
-      (void)cudaGetLastError();
-      fail(ErrorCode::kCuda, std::string("CUDA driver entry point cuTensorMapEncodeTiled not found (") +
-                                 cudaGetErrorString(e) + ", query result " + std::to_string(static_cast<int>(q)) +
-                                 "): the driver is older than CUDA 12.0's");
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// A tiled fp32 tensor map of kRank dimensions (dims, byte strides of dims 1.., box; element
-// strides 1), or Error(kCuda) naming what() when the driver refuses it (the text is built only
-// then: this runs at every launch of a TMA kernel).
-template <int kRank, class What>
-CUtensorMap f32_tensor_map(const float* base, const cuuint64_t (&dim)[kRank], const cuuint64_t (&stride)[kRank - 1],
-                           const cuuint32_t (&box)[kRank], CUtensorMapSwizzle swizzle, CUtensorMapL2promotion promotion,
-                           What what) {
-  CUtensorMap m{};
-  cuuint32_t elem_stride[kRank];
-  for (int k = 0; k < kRank; ++k) elem_stride[k] = 1;
-  const CUresult r = tensor_map_encoder()(&m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, kRank, const_cast<float*>(base), dim,
-                                          stride, box, elem_stride, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, promotion,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail(ErrorCode::kCuda,
-         "cuTensorMapEncodeTiled refused " + what() + " (CUresult " + std::to_string(static_cast<int>(r)) + ")");
-  return m;
-}
-}  // namespace
 
 // No L2 promotion: with the 256-byte promotion each 128-byte line request of a row fetched a
 // 256-byte granule, and the kernels' L2 read sectors rose by ~16 per row (ncu, nvfp4 256K: 31.9M

@@ -104,13 +104,13 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
   uint32_t rows_sa = 0, row_dst_lane = 0, row_parity = 0;
   if constexpr (M == kRowsTmaRot) {
     rows_sa = smem_address(smem_per_warp<RowsRopeTmaSmem>(warp));
-    if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowRopeBarsOffset + 8u * static_cast<uint32_t>(lane));
-    row_barrier_init_fence();
+    if (lane <= kRowsAhead) mbarrier_init(rows_sa + kRowRopeBarsOffset + 8u * static_cast<uint32_t>(lane));
+    mbarrier_init_fence();
     __syncwarp();
   } else if constexpr (M == kRowsTmaSwz) {
     rows_sa = smem_address(smem_per_warp<RowsTmaSmem>(warp));
-    if (lane <= kRowsAhead) row_barrier_init(rows_sa + kRowBarsOffset + 8u * static_cast<uint32_t>(lane));
-    row_barrier_init_fence();
+    if (lane <= kRowsAhead) mbarrier_init(rows_sa + kRowBarsOffset + 8u * static_cast<uint32_t>(lane));
+    mbarrier_init_fence();
     __syncwarp();
   } else if constexpr (R == 1) {
     const unsigned ul = static_cast<unsigned>(lane);
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
         const int32_t t32 = __shfl_sync(0xFFFFFFFFu, role_t32, i);
         const uint32_t us = static_cast<uint32_t>(s_use);
         if (t32 >= 0) {
-          row_barrier_wait(rows_sa + kRowRopeBarsOffset + 8u * us, (row_parity >> us) & 1u);
+          mbarrier_wait_parity(rows_sa + kRowRopeBarsOffset + 8u * us, (row_parity >> us) & 1u);
           row_parity ^= 1u << us;
           const int64_t off = shfl64(role_val, i);
           const NvRecPtr nrec{p.cache.base + off,
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
         const uint32_t us = static_cast<uint32_t>(s_use);
         if constexpr (kTma) {
           if (t >= 0) {
-            row_barrier_wait(rows_sa + kRowBarsOffset + 8u * us, (row_parity >> us) & 1u);
+            mbarrier_wait_parity(rows_sa + kRowBarsOffset + 8u * us, (row_parity >> us) & 1u);
             row_parity ^= 1u << us;
           }
         }

@@ -12,6 +12,7 @@
 #include "compressor/cuda/program.cuh"
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/memory.cuh"
+#include "core/cuda/tma.cuh"
 #include "formats/cuda/record_writers.cuh"
 
 namespace dsv41kv::detail::cuda {
@@ -478,76 +479,20 @@ static_assert(offsetof(RowsRopeTmaSmem, rope) == kRopeSlotsOffset && offsetof(Ro
 // TMA of rows and RoPE entries, rotated reads (kRowsTmaRot, NVFP4 chunk 16).
 inline constexpr int kRowsCp = 0, kRowsTmaSwz = 1, kRowsTmaRot = 2;
 inline constexpr uint32_t kRowTmaBytes = kLatentDim * 4;
+// kv row t into the slot at shared address `dst`, counted by `bar` (all 32 lanes call; lane 0
+// issues). Builds for older architectures (no TMA; never launched on the sm_90 devices this path
+// is for) copy the row synchronously into the same swizzled layout.
+__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, [[maybe_unused]] const CompressParams& p,
+                                        int64_t t, uint32_t bar, int lane) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void row_barrier_init(uint32_t bar) {
-  asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-// the initialised barriers visible to the async proxy (the copies' complete_tx)
-__device__ __forceinline__ void row_barrier_init_fence() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// kv row t into the slot at shared address `dst` (all 32 lanes call; lane 0 issues)
-__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap* map, const CompressParams&, int64_t t,
-                                        uint32_t bar, int lane) {
   if (lane == 0) {
     // the warp's reads of the slot's previous row (generic proxy, ended before a __syncwarp)
     // ordered before the copy's writes (async proxy)
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "n"(kRowTmaBytes) : "memory");
-    asm volatile(
-        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];" ::"r"(dst),
-        "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(0), "r"(static_cast<int32_t>(t)), "r"(bar)
-        : "memory");
+    fence_proxy_async_shared();
+    mbarrier_arrive_expect_tx<kRowTmaBytes>(bar);
+    tma_load_3d(dst, map, 0, 0, static_cast<int32_t>(t), bar);
   }
-}
-// waits until the barrier's phase of the given parity has completed (acquire: the copy's bytes
-// are visible to the calling lane)
-__device__ __forceinline__ void row_barrier_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (done == 0);
-}
-// kRowsTmaRot: kv row t (>= 0) into the slot at `dst` and RoPE table row rrow (>= 0; the caller
-// passes row 0 for a program without an insert, whose entries it then does not read: a constant
-// byte count and no branch) into `rope_dst`, both counted by the slot's barrier; one lane chosen
-// by elect.sync issues. Every operand must be warp-uniform as the compiler sees it (the caller derives them from the warp
-// index broadcast from lane 0 and from shuffles with a uniform source lane), so that they live in
-// uniform registers: otherwise ptxas wraps each copy in a loop over the distinct operand values
-// of the active lanes (ELECT, R2UR, BRA.U.ANY). No proxy fence before the copy: the slot's
-// previous reads are generic loads that completed before the warp's __syncwarp (their values were
-// consumed), as in CUTLASS's TMA pipelines, where a consumer's release is an mbarrier arrive.
-// row_pol / rope_pol: the copies' L2 policies (createpolicy): rows evict-first, RoPE rows
-// evict-last, as the cp.async kernels have them (256K nvfp4 170.1-170.8 -> 167.3 us, session 13).
-__device__ __forceinline__ void tma_row_rope(uint32_t dst, uint32_t rope_dst, const CUtensorMap* kv_map,
-                                             const CUtensorMap* rope_map, int32_t t, int32_t rrow, uint32_t bar,
-                                             uint64_t row_pol, uint64_t rope_pol) {
-  constexpr uint32_t bytes = kRowTmaBytes + kRopeDim * 4u;
-  asm volatile(
-      "{ .reg .pred p;\n\t"
-      "elect.sync _|p, 0xffffffff;\n\t"
-      "@p mbarrier.arrive.expect_tx.shared.b64 _, [%2], %3;\n\t"
-      "@p cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%5, %5, %4}], [%2], %6;\n\t"
-      "}" ::"r"(dst), "l"(reinterpret_cast<uint64_t>(kv_map)), "r"(bar), "n"(bytes), "r"(t), "r"(0), "l"(row_pol)
-      : "memory");
-  asm volatile(
-      "{ .reg .pred p;\n\t"
-      "elect.sync _|p, 0xffffffff;\n\t"
-      "@p cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%4, %3}], [%2], %5;\n\t"
-      "}" ::"r"(rope_dst), "l"(reinterpret_cast<uint64_t>(rope_map)), "r"(bar), "r"(rrow), "r"(0), "l"(rope_pol)
-      : "memory");
-}
 #else
-// Builds for older architectures (no TMA; never launched on the sm_90 devices this path is for):
-// the warp copies the row synchronously into the same swizzled layout.
-__device__ __forceinline__ void row_barrier_init(uint32_t) {}
-__device__ __forceinline__ void row_barrier_init_fence() {}
-__device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap*, const CompressParams& p, int64_t t, uint32_t,
-                                        int lane) {
   __syncwarp();  // every lane's reads of the slot done
   const float* src = p.kv + t * p.kv_stride;
 #pragma unroll
@@ -557,13 +502,25 @@ __device__ __forceinline__ void tma_row(uint32_t dst, const CUtensorMap*, const 
     *static_cast<float4*>(__cvta_shared_to_generic(dst + row_swizzled_offset(16u * q))) = v;
   }
   __syncwarp();  // ... and the row visible to the warp
-}
-__device__ __forceinline__ void row_barrier_wait(uint32_t, uint32_t) {}
-__device__ __forceinline__ void tma_row_rope(uint32_t, uint32_t, const CUtensorMap*, const CUtensorMap*, int32_t,
-                                             int32_t, uint32_t, uint64_t, uint64_t) {
-  // (never launched before sm_90: the launcher picks kRowsTmaRot on sm_90+ only)
-}
 #endif
+}
+// kRowsTmaRot: kv row t (>= 0) into the slot at `dst` and RoPE table row rrow (>= 0; the caller
+// passes row 0 for a program without an insert, whose entries it then does not read: a constant
+// byte count and no branch) into `rope_dst`, both counted by the slot's barrier; one lane chosen
+// by elect.sync issues (core/cuda/tma.cuh: every operand must be warp-uniform as the compiler sees
+// it; the caller derives them from the warp index broadcast from lane 0 and from shuffles with a
+// uniform source lane). No proxy fence before the copy: the slot's previous reads are generic
+// loads that completed before the warp's __syncwarp (their values were consumed), as in CUTLASS's
+// TMA pipelines, where a consumer's release is an mbarrier arrive.
+// row_pol / rope_pol: the copies' L2 policies (createpolicy): rows evict-first, RoPE rows
+// evict-last, as the cp.async kernels have them (docs/changelog.md, v25). Never launched before
+// sm_90 (the launcher picks kRowsTmaRot on sm_90+ only).
+__device__ __forceinline__ void tma_row_rope(uint32_t dst, uint32_t rope_dst, const CUtensorMap* kv_map,
+                                             const CUtensorMap* rope_map, int32_t t, int32_t rrow, uint32_t bar,
+                                             uint64_t row_pol, uint64_t rope_pol) {
+  tma_elect_expect_load_3d<kRowTmaBytes + kRopeDim * 4u>(dst, kv_map, t, bar, row_pol);
+  tma_elect_load_2d(rope_dst, rope_map, rrow, bar, rope_pol);
+}
 
 // A ratio-2 request program on one warp (SPEC 4.4 request program + 4.5 tail store).
 template <int R, int F>
