@@ -13,6 +13,7 @@
 #include "dsv41kv/pcp_step_cuda.hpp"
 #include "dsv41kv/rng.hpp"
 #include "dsv41kv/records.hpp"
+#include "dsv41kv/rope.hpp"
 
 namespace dsv41kv::pcp {
 
@@ -289,15 +290,9 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
     m.ctable.push_back(std::move(row));
   }
 
-  // RoPE table (theta = 10000, binary64 rounded once), rows for every group start.
+  // RoPE table (the plain theta = 10000 table of SPEC 1.4), rows for every group start.
   m.rope_rows = w.max_position + 2;
-  m.rope.resize(static_cast<size_t>(m.rope_rows) * 64);
-  for (int64_t r = 0; r < m.rope_rows; ++r)
-    for (int i = 0; i < 32; ++i) {
-      const double a = static_cast<double>(r) * std::pow(10000.0, -static_cast<double>(i) / 32.0);
-      m.rope[static_cast<size_t>(r * 64 + i)] = static_cast<float>(std::cos(a));
-      m.rope[static_cast<size_t>(r * 64 + 32 + i)] = static_cast<float>(std::sin(a));
-    }
+  m.rope = build_rope_table(RopeParams{}, m.rope_rows).data;
   m.norm_w.resize(kLatentDim);
   for (int d = 0; d < kLatentDim; ++d)
     m.norm_w[static_cast<size_t>(d)] = num::bf16_encode(hash_float(splitmix64(w.config.seed + 77 + static_cast<uint64_t>(d)), 0.5f, 1.5f));
