@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "compressor/backend.hpp"
-#include "compressor/compress_math.hpp"
+#include "formats/compress_math.hpp"
 #include "core/parallel.hpp"
 
 namespace dsv41kv::detail::cpu {

@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "compressor/compress_math.hpp"
+#include "formats/compress_math.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "support/canary.hpp"
 #include "support/compare.hpp"

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "compressor/compress_math.hpp"
+#include "formats/compress_math.hpp"
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/reference.hpp"
 #include "support/canary.hpp"

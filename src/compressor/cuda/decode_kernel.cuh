@@ -1,7 +1,7 @@
 // The four-warp kernel of the fused compress (+ insert) (decode-sized grids).
 #pragma once
 
-#include "compressor/cuda/compress_math.cuh"
+#include "formats/cuda/compress_math.cuh"
 #include "compressor/cuda/program.cuh"
 #include "core/cuda/cuda_util.hpp"
 #include "core/cuda/memory.cuh"

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "compressor/cuda/compress_math.cuh"
+#include "formats/cuda/compress_math.cuh"
 #include "compressor/cuda/program.cuh"
 #include "core/cuda/async_copy.cuh"
 #include "core/cuda/memory.cuh"

@@ -1,4 +1,4 @@
-// The fast device forms of the compressor's pooling and RMSNorm (compressor/cuda/compress_math.cuh,
+// The fast device forms of the compressor's pooling and RMSNorm (formats/cuda/compress_math.cuh,
 // the device reciprocal of cmath::rms_inverse) against the exact forms of compress_math.hpp:
 //   * pool2_fast vs cmath::pool2: 2^26 random quadruples and all combinations of special values;
 //   * pool_weights_fast vs the two IEEE divisions on every ex of its range;
@@ -7,7 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include "compressor/cuda/compress_math.cuh"
+#include "formats/cuda/compress_math.cuh"
 #include "support/gpu_util.hpp"
 
 namespace dsv41kv::test {

@@ -10,7 +10,7 @@
 
 #include <cuda_runtime.h>
 
-#include "compressor/compress_math.hpp"
+#include "formats/compress_math.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "formats/cuda/fast_numerics.cuh"
 
