@@ -90,8 +90,22 @@ static_assert(Mxfp8Layout::default_page_stride(64) == 33792);
 static_assert(Mxfp8Layout::default_page_stride(32) == 16896);
 static_assert(Nvfp4Layout::default_page_stride(64) == 18432);
 static_assert(Nvfp4Layout::default_page_stride(32) == 9216);
-// SPEC 3.5 indexer-K FP8 page (132 B/state, 576 alignment)
-static_assert(round_up(64 * 132, 576) == 8640 && round_up(32 * 132, 576) == 4608);
+
+// Indexer-K cache (SPEC 3.5): one 128-dim index key per compressed state, page-segregated like the
+// records (the S_r states' values, then their scales), sharing the kv source's block table and
+// states per page. FP8 (the default; the only SM90 format): e4m3 values at s*128 + d, then one
+// fp32 scale 2^e per state at S*128 + s*4. MXFP4 (opt-in): e2m1 pairs at s*64 + j, then one UE8M0
+// byte per 32-dim block at S*64 + s*4 + k.
+inline constexpr int kIndexHeadDim = 128;
+template <int ValueBytes, int ScaleBytes, int PageAlign>
+struct IndexerKLayout : PackedLayout<ValueBytes, ScaleBytes, PageAlign> {};
+using IndexerKFp8Layout = IndexerKLayout<kIndexHeadDim, 4, 576>;
+using IndexerKMxfp4Layout = IndexerKLayout<kIndexHeadDim / 2, 4, 512>;
+static_assert(IndexerKFp8Layout::kRecordBytes == 132 && IndexerKMxfp4Layout::kRecordBytes == 68);
+static_assert(IndexerKFp8Layout::scale_offset(64, 3) == 64 * 128 + 3 * 4);
+static_assert(IndexerKMxfp4Layout::scale_offset(32, 5) == 32 * 64 + 5 * 4);
+// SPEC 3.6 default page strides of the FP8 keys (C1A / C2A)
+static_assert(IndexerKFp8Layout::default_page_stride(64) == 8640 && IndexerKFp8Layout::default_page_stride(32) == 4608);
 
 // Runtime description of a record format.
 struct RecordInfo {

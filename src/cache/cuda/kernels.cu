@@ -2,6 +2,7 @@
 // rows (SPEC 5.1), the dequantize-gather reader (SPEC 5.3) and save_ring_rows (SPEC 7.5).
 // One warp per row; lane l owns dims [16l, 16l + 16) (the writer layout of formats/cuda/record_writers.cuh).
 #include "cache/cuda/params.hpp"
+#include "formats/cuda/record_readers.cuh"
 #include "core/cuda/cuda_util.hpp"
 
 namespace dsv41kv::detail::cuda {
@@ -52,20 +53,7 @@ __global__ void __launch_bounds__(256) gather_kernel(const GatherParams p) {
   const uint8_t* pg = p.base + page * p.page_stride_bytes;
   const int d0 = 16 * lane;
   uint16_t o[16];
-  if constexpr (F == kBf16) {
-    const auto* row = reinterpret_cast<const uint16_t*>(pg + r * p.row_stride_bytes);
-#pragma unroll
-    for (int k = 0; k < 16; ++k) o[k] = row[d0 + k];
-  } else {
-#pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      const int d = d0 + k;
-      if constexpr (F == kV4) o[k] = rec::read_v4_584(pg, p.S, r, d);
-      else if constexpr (F == kMx) o[k] = rec::read_mxfp8_528(pg, p.S, r, d);
-      else if constexpr (F == kNv) o[k] = rec::read_nvfp4_288(pg, p.S, r, d);
-      else o[k] = rec::read_plain_fp8(pg + r * p.row_stride_bytes, d, p.fp8_scale);
-    }
-  }
+  read_record_dims<F, 16>(pg, p.S, r, p.row_stride_bytes, p.fp8_scale, d0, o);
   uint32_t w[8];
   pack_bf16<16>(o, w);
   store_words<8>(reinterpret_cast<uint8_t*>(p.out + i * p.out_stride + d0), w);
