@@ -24,9 +24,11 @@
 #             those kernels instead (--kernel-name-exclude) made them fail under racecheck
 #             ("Internal Sanitizer Error ... hardware exception", call s9-4).
 #   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
-#             same with --no-pdl, and decode variants (early metadata, shared buffers); then
-#             dsv41kv-access-ceiling, default and --inputs all (access-ceiling.txt: the 256K ratio-1
-#             traffic without arithmetic)
+#             same with --no-pdl, and decode variants (early metadata, shared buffers), each with
+#             --baseline .devdeps/baselines/vllm_triton_h200.json when that file exists (the device
+#             machine has no ../shared, the bench's default; without it the vLLM columns are left
+#             out); then dsv41kv-access-ceiling, default and --inputs all (access-ceiling.txt: the
+#             256K ratio-1 traffic without arithmetic)
 # Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
@@ -151,30 +153,37 @@ stage_sanitize() {
 }
 
 stage_bench() {
-  "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" > "$OUT/bench.json" 2> "$OUT/bench.err"
+  # the baseline make-devdeps.sh packs (the bench's default, ../shared, is not on the device)
+  local base=()
+  [ -f .devdeps/baselines/vllm_triton_h200.json ] && base=(--baseline .devdeps/baselines/vllm_triton_h200.json)
+  bench_json() { "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" "${base[@]}" "$@"; }
+  bench_json > "$OUT/bench.json" 2> "$OUT/bench.err"
   local rc=$?
   if command -v python3 >/dev/null && [ -s "$OUT/bench.json" ]; then
     python3 - "$OUT/bench.json" > "$OUT/bench.txt" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
-print(f"device {j['device']}  copy {j['copy_GBps']:.0f} GB/s (baseline run {j['baseline_copy_GBps']:.0f})")
+b = j.get("baseline_copy_GBps")
+print(f"device {j['device']}  copy {j['copy_GBps']:.0f} GB/s "
+      + (f"(baseline run {b:.0f}, {j['baseline_path']})" if b is not None else "(no baseline: no vLLM figures)"))
 print(f"{'workload':<12}{'r':>2} {'record':<10}{'variant':<9}{'us':>9}{'GB/s':>8}{'copy%':>7}{'vllm_us':>9}{'x':>7}{'wrong':>6}")
 for r in j["rows"]:
+    v, x = r.get("vllm_ms"), r.get("speedup_vs_vllm")
     print(f"{r['workload']:<12}{r['ratio']:>2} {r['record']:<10}{r['variant']:<9}{r['us']:>9.2f}{r['GBps']:>8.0f}"
-          f"{100*r['copy_fraction']:>6.1f}%{1e3*r['vllm_ms']:>9.2f}{r['speedup_vs_vllm']:>6.2f}x{r['wrong']:>6}")
+          f"{100*r['copy_fraction']:>6.1f}%" + (f"{1e3*v:>9.2f}{x:>6.2f}x" if v is not None else f"{'-':>9}{'-':>7}")
+          + f"{r['wrong']:>6}")
 print("targets: 256K fused >= 90% copy, >= 1.6x (r2) / 2.5x (r1) vs vLLM; decode fused <= 2.3 us (r1) / 2.9 us (r2)")
 PY
   fi
   # every workload with plain launches (--no-pdl: ExecContext::programmatic_launch = false; the
   # table above is the default, programmatic dependent launch); decode with early metadata, and
   # with every graph node on one buffer set (how the baseline's do_bench replays one kernel)
-  "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --no-pdl > "$OUT/bench-plain.json" 2>> "$OUT/bench.err" || rc=1
+  bench_json --no-pdl > "$OUT/bench-plain.json" 2>> "$OUT/bench.err" || rc=1
   local dv
   for dv in "--pdl-early-metadata:pdl-early" "--decode-buffers shared --no-pdl:shared-plain" \
     "--decode-buffers shared:shared" "--decode-buffers shared --pdl-early-metadata:shared-pdl-early"; do
     # shellcheck disable=SC2086
-    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 ${dv%%:*} \
-      > "$OUT/bench-decode256-${dv##*:}.json" 2>> "$OUT/bench.err" || rc=1
+    bench_json --workload decode256 ${dv%%:*} > "$OUT/bench-decode256-${dv##*:}.json" 2>> "$OUT/bench.err" || rc=1
   done
   if command -v python3 >/dev/null; then
     python3 - "$OUT"/bench-plain.json "$OUT"/bench-decode256-{pdl-early,shared-plain,shared,shared-pdl-early}.json >> "$OUT/bench.txt" <<'PY'
@@ -186,16 +195,15 @@ for f in sys.argv[1:]:
         rows = [r for r in j["rows"] if r["variant"] == "fused" and r["workload"] == w]
         if rows:
             print(f"{w} fused, buffers {j['decode_buffers']}, programmatic launch {pdl}:",
-                  "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ({r['speedup_vs_vllm']:.2f}x"
+                  "  ".join(f"r{r['ratio']} {r['record']} {r['us']:.2f} us ("
+                            + (f"{r['speedup_vs_vllm']:.2f}x" if r.get("speedup_vs_vllm") is not None else "-")
                             + (f", {100 * r['copy_fraction']:.1f}%)" if w != "decode256" else ")") for r in rows))
 PY
   fi
   if [ "${DSV41KV_BENCH_VARIANTS:-1}" = 1 ]; then
     # the geometry the size rule did not pick: four warps per token at 256K, one warp at decode
-    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload prefill256k --program-warps 4 \
-      > "$OUT/bench-prefill256k-warps4.json" 2>> "$OUT/bench.err" || true
-    "$BUILD/dsv41kv" bench --device cuda --json --iters "$ITERS" --workload decode256 --program-warps 1 \
-      > "$OUT/bench-decode256-warps1.json" 2>> "$OUT/bench.err" || true
+    bench_json --workload prefill256k --program-warps 4 > "$OUT/bench-prefill256k-warps4.json" 2>> "$OUT/bench.err" || true
+    bench_json --workload decode256 --program-warps 1 > "$OUT/bench-decode256-warps1.json" 2>> "$OUT/bench.err" || true
   fi
   "$BUILD/dsv41kv-access-ceiling" --iters "$ITERS" > "$OUT/access-ceiling.txt" 2>> "$OUT/bench.err" || rc=1
   "$BUILD/dsv41kv-access-ceiling" --iters "$ITERS" --inputs all >> "$OUT/access-ceiling.txt" 2>> "$OUT/bench.err" || rc=1

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Packs the build dependencies that the GPU machine lacks (it has nvcc, cmake and ninja but no
 # internet) into .devdeps/prefix, from this machine's Debian packages, plus the conformance
-# files into .devdeps/conformance. The folder is git-ignored; pass it to the device run as a
-# carried path and configure there with -DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix.
+# files into .devdeps/conformance and the baselines (vLLM's timings, which `dsv41kv bench`
+# reads; the device machine has no ../shared) into .devdeps/baselines. The folder is
+# git-ignored; pass it to the device run as a carried path and configure there with
+# -DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=.devdeps
 rm -rf "$out"
-mkdir -p "$out/prefix/include" "$out/prefix/lib/x86_64-linux-gnu/cmake" "$out/prefix/share/cmake" "$out/conformance"
+mkdir -p "$out/prefix/include" "$out/prefix/lib/x86_64-linux-gnu/cmake" "$out/prefix/share/cmake" "$out/conformance" \
+  "$out/baselines"
 for d in fmt CLI nlohmann gtest gmock; do
   [ -d /usr/include/$d ] && cp -r /usr/include/$d "$out/prefix/include/"
 done
@@ -20,4 +23,5 @@ for d in CLI11 nlohmann_json; do cp -r /usr/share/cmake/$d "$out/prefix/share/cm
 # Debian's config files locate themselves relative to their own folder: copied as they are.
 shared=${DSV41KV_SHARED:-../shared}
 cp "$shared"/conformance/*.safetensors "$out/conformance/" 2>/dev/null || echo "note: no conformance files under $shared"
+cp "$shared"/baselines/*.json "$out/baselines/" 2>/dev/null || echo "note: no baseline files under $shared"
 du -sh "$out"

@@ -1,5 +1,5 @@
 // The memory-traffic ceiling of the 256K ratio-1 fused launch (access_ceiling.hpp): buffers and
-// inputs, then every measurement with dsv41kv bench's own timer and copy (cli/cuda_bench.hpp).
+// inputs, then every measurement with dsv41kv bench's own timer and copy (timing.hpp).
 #include "access_ceiling.hpp"
 
 #include <random>
@@ -12,9 +12,6 @@
 #include "traffic_kernels.hpp"
 
 namespace dsv41kv::bench {
-
-using cli::ck;
-using cli::Dev;
 
 const char* mechanism_name(RowMechanism m) {
   switch (m) {
@@ -40,8 +37,8 @@ CeilingReport run_access_ceiling(int iters, bool all_inputs) {
   constexpr int64_t T = 16 * 16384;  // the prefill256k workload
   cudaStream_t st;
   ck(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "stream");
-  cli::Timer timer(st, iters, cli::Timing::kDoBench);
-  rep.copy_GBps = cli::copy_bandwidth(st, timer);
+  Timer timer(st, iters, Timing::kDoBench);
+  rep.copy_GBps = copy_bandwidth(st, timer);
 
   Dev<float> kv(static_cast<size_t>(T) * kRowFloats);
   kv.fill(0x3F);

@@ -1,4 +1,4 @@
-// CUDA measurement helpers of the benchmarks (`dsv41kv bench`, bench/cuda's
+// CUDA measurement helpers of the benchmarks (`dsv41kv bench`'s write_path_bench.cpp and
 // dsv41kv-access-ceiling): device buffers, the timing methods and the device-to-device copy the
 // figures are compared with, in one place so that every tool times and compares the same way.
 // CUDA builds only.
@@ -15,7 +15,7 @@
 
 #include "dsv41kv/common.hpp"
 
-namespace dsv41kv::cli {
+namespace dsv41kv::bench {
 
 // Throws kCuda "bench: <what>: <CUDA error>" unless e is cudaSuccess.
 inline void ck(cudaError_t e, const char* what) {
@@ -72,10 +72,9 @@ inline double median(std::vector<double> v) {
 //    and not the host's launch latency; the flush evicts the previous repetition's lines, and
 //    the flush's own dirty lines are written back during the timed work, as they were in the
 //    baseline's measurements.
-//  kSync: each repetition alone: record, launch, record, synchronise; no flush (the method of
-//    the measurements before 2026-11-29 session 4: the host's launch latency is inside the
-//    events and the previous repetition's lines are still in L2; at 256K within 0.5% of
-//    kDoBench in one device run).
+//  kSync: each repetition alone: record, launch, record, synchronise; no flush: the host's
+//    launch latency is inside the events and the previous repetition's lines are still in L2
+//    (the bench's earlier method, kept to compare with; docs/performance.md, "Timing").
 enum class Timing { kDoBench, kSync };
 inline constexpr size_t kL2FlushBytes = size_t{256} << 20;
 
@@ -157,4 +156,4 @@ inline double copy_bandwidth(cudaStream_t st, Timer& timer) {
   return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
 }
 
-}  // namespace dsv41kv::cli
+}  // namespace dsv41kv::bench

@@ -1,8 +1,10 @@
-// `dsv41kv bench` argument handling where no GPU is needed: bad flags exit 2 with a message on
-// stderr; without a GPU `--device cuda` exits 2 naming the reason. (The timings themselves run
+// `dsv41kv bench` argument handling where no GPU is needed: bad flags and an unreadable
+// --baseline exit 2 with a message on stderr; without a GPU `--device cuda` exits 2 naming the
+// reason. (The timings themselves run
 // on the device machine: scripts/device-check.sh.)
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <string>
 
 #include "dsv41kv/device.hpp"
@@ -40,6 +42,21 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
     if (c.message != nullptr) {
       EXPECT_NE(r.err.find(c.message), std::string::npos) << c.args << "\n" << r.err;
     }
+  }
+}
+
+// An explicit --baseline is read before anything runs, in every build: a file that cannot be
+// read or parsed exits 2 naming it.
+TEST(BenchCli, UnreadableBaselineExits2NamingTheFile) {
+  TempDir tmp;
+  const std::string missing = tmp / "missing.json", broken = tmp / "broken.json";
+  {
+    std::ofstream(broken) << "{\"copy_GBps\": ";
+  }
+  for (const std::string& path : {missing, broken}) {
+    const CliRun r = run_cli("bench --device cuda --baseline '" + path + "'", tmp);
+    EXPECT_EQ(r.code, 2) << path << "\n" << r.out << r.err;
+    EXPECT_NE(r.err.find("--baseline " + path), std::string::npos) << r.err;
   }
 }
 
