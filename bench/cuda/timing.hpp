@@ -73,9 +73,9 @@ inline double median(std::vector<double> v) {
 //    the flush's own dirty lines are written back during the timed work, as they were in the
 //    baseline's measurements.
 //  kSync: each repetition alone: record, launch, record, synchronise; no flush (the method of
-//    the measurements before 2026-11-29 session 4: the host's launch latency is inside the
-//    events and the previous repetition's lines are still in L2; at 256K within 0.5% of
-//    kDoBench in one device run).
+//    the earliest measurements: the host's launch latency is inside the events and the previous
+//    repetition's lines are still in L2; at 256K the two methods agreed closely:
+//    docs/changelog.md, conventions and v14).
 enum class Timing { kDoBench, kSync };
 inline constexpr size_t kL2FlushBytes = size_t{256} << 20;
 
