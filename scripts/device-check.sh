@@ -9,20 +9,20 @@
 #               kernels   every suite but the end-to-end ones (PcpRunGpu, RunCliGpu, DemoGpu)
 #               e2e       PcpRunGpu, RunCliGpu and DemoGpu, the NCCL `--launch local` test apart for
 #                         memcheck
-#                         (racecheck: demo and pcp, each alone: together they took 133 s in call
-#                         s9-6 and ran past a 170 s limit in call s10-1, DemoGpu's cuBLAS reports)
+#                         (racecheck: demo and pcp, each alone, so that each fits a run's time
+#                         limit: together they could run past it, DemoGpu's cuBLAS reports
+#                         making racecheck slow)
 #               nccl      memcheck of RunCliGpu.CliLaunchLocal* with CUDA API error reports off:
 #                         NCCL's init probes its own kernels with cudaFuncGetAttributes and gets
 #                         cudaErrorNoKernelImageForDevice for the ones it ships without an sm_90
-#                         image (it handles that return; 4 reports in call s9-2). Our own API calls
+#                         image (it handles that return: those reports are expected). Our own API calls
 #                         are all checked (DSV41KV_CUDA_CHECK throws), so a failing one fails a test.
 #             racecheck checks every kernel and prints every hazard (--print-limit 0); a run passes
 #             when its tests pass and every hazard lies inside cuBLAS's sm90 GEMMs (nvjet_*, the
 #             projection's): they synchronise through mbarriers, which racecheck reports as
-#             potential WAR hazards (1156-1540 in the kernel suites' ProjectionGpu, 12520 in DemoGpu,
-#             calls s9-2 .. s10-2). Excluding
-#             those kernels instead (--kernel-name-exclude) made them fail under racecheck
-#             ("Internal Sanitizer Error ... hardware exception", call s9-4).
+#             potential WAR hazards (over a thousand in the kernel suites' ProjectionGpu, over ten
+#             thousand in DemoGpu). Excluding those kernels instead (--kernel-name-exclude) made
+#             them fail under racecheck ("Internal Sanitizer Error ... hardware exception").
 #   bench     dsv41kv bench --device cuda --json (the default launch: PDL; a table made from it), the
 #             same with --no-pdl, and decode variants (early metadata, shared buffers), each with
 #             --baseline .devdeps/baselines/vllm_triton_h200.json when that file exists (the device

@@ -72,9 +72,10 @@ inline double median(std::vector<double> v) {
 //    and not the host's launch latency; the flush evicts the previous repetition's lines, and
 //    the flush's own dirty lines are written back during the timed work, as they were in the
 //    baseline's measurements.
-//  kSync: each repetition alone: record, launch, record, synchronise; no flush: the host's
-//    launch latency is inside the events and the previous repetition's lines are still in L2
-//    (the bench's earlier method, kept to compare with; docs/performance.md, "Timing").
+//  kSync: each repetition alone: record, launch, record, synchronise; no flush (the method of
+//    the earliest measurements: the host's launch latency is inside the events and the previous
+//    repetition's lines are still in L2; at 256K the two methods agreed closely:
+//    docs/changelog.md, conventions and v14).
 enum class Timing { kDoBench, kSync };
 inline constexpr size_t kL2FlushBytes = size_t{256} << 20;
 

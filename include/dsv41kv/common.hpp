@@ -100,8 +100,9 @@ struct TensorView {
 // `programmatic_launch` (CUDA, sm_90; on by default): compress and compress_insert launch with
 // programmatic dependent launch (PDL), so that the kernel is scheduled while the previous kernel
 // of the stream finishes; the kernel waits for that kernel's completion (and the visibility of
-// its writes) before its first memory access, so results never change. It saves ~0.4-0.5 us per
-// launch where launches are back to back (decode layers in a CUDA graph). Default on, as
+// its writes) before its first memory access, so results never change. It shortens every
+// launch where launches are back to back (decode layers in a CUDA graph: it overlaps the graph's
+// launch gap; docs/performance.md has decode with and without it). Default on, as
 // FlashInfer and TensorRT-LLM do on sm_90+; set it to false for plain launches (for example to
 // keep the previous kernel's SM slots free of waiting blocks). Other operations ignore it.
 // `pdl_early_metadata` (with programmatic_launch; a promise by the caller, off by default): the

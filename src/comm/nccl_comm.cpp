@@ -26,7 +26,8 @@ size_t zero_region_bytes(int size) { return (static_cast<size_t>(size) + 255) / 
 // Polling pace of the host-side waits: yields the core (no sleep) for the first 200 us, since
 // most collectives and enqueues finish within that and a sleep's oversleep (tens of us to a
 // scheduler tick) would become the step's latency; then sleeps 20 us doubling to 1 ms, so a
-// long wait (a slow or dead peer) does not burn a core.
+// long wait (a slow or dead peer) does not burn a core. (Why it changed from sleeps alone:
+// docs/changelog.md, Multi-GPU runs.)
 struct Backoff {
   Clock::time_point start = Clock::now();
   std::chrono::microseconds d{20};

@@ -96,8 +96,8 @@ class DeviceBuffer {
     // cudaMemcpy from pageable memory may return before its DMA has reached the device, and it
     // runs on the legacy stream, which does not order the tests' non-blocking streams: without
     // this a kernel on such a stream could run before the upload lands, and the upload (a canary
-    // cache, a ring) would then overwrite its output (seen once on the H200, session 5: a PDL
-    // chain test found canary bytes where records had been written).
+    // cache, a ring) would then overwrite its output (seen on the H200: a PDL chain test found
+    // canary bytes where records had been written; docs/changelog.md, v16).
     if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("cudaDeviceSynchronize after H2D");
   }
   std::vector<T> download() const {

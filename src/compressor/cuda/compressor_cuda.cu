@@ -21,9 +21,9 @@ namespace dsv41kv::detail::cuda {
 
 
 // No L2 promotion: with the 256-byte promotion each 128-byte line request of a row fetched a
-// 256-byte granule, and the kernels' L2 read sectors rose by ~16 per row (ncu, nvfp4 256K: 31.9M
-// against 27.7M); 256K ratio 1 v4 / mxfp8 ran 177.6 / 173.1 us with it and 171.2 / 167.5 without
-// (128-byte promotion: the same as none), nvfp4 166.5-167.0 against 165.7-166.5 (session 13).
+// 256-byte granule, and the kernels' L2 read sectors rose by ~16 per row (ncu, nvfp4 256K). 256K
+// ratio 1 measured faster without it for every record (by far the most for v4 / mxfp8); the
+// 128-byte promotion measured the same as none (docs/changelog.md, v26).
 CUtensorMap kv_rows_tensor_map(const float* kv, int64_t rows, int64_t row_stride, bool swizzle) {
   const cuuint64_t dim[3] = {32, 16, static_cast<cuuint64_t>(rows)};
   const cuuint64_t stride[2] = {128, static_cast<cuuint64_t>(row_stride) * sizeof(float)};  // bytes, dims 1 and 2
@@ -42,12 +42,11 @@ CUtensorMap rope_table_tensor_map(const float* table, int64_t rows) {
                            [&] { return "the RoPE table (rows " + std::to_string(rows) + ")"; });
 }
 // The launcher's shape (see params.hpp). Why a tapered tail: in a grid of one chunk per
-// warp the last wave's blocks start as the previous ones end, spread over one block lifetime
-// (~21 us at 256K), and end as spread out while DRAM empties; shorter shares at the end shorten
-// that ramp. 256K ratio 1 (session 7, medians of 2 runs, us): v4 185.0 -> 181.9, mxfp8 180.8 ->
-// 177.7, nvfp4 (chunk 16) 185.5 -> 180.4; one wave of 4 then one of 2: 182.6 / 178.3 / 181.2;
-// one wave of 2 alone: 182.2 / 177.8 / 183.6; head parts (shorter shares in the first wave) added
-// nothing.
+// warp the last wave's blocks start as the previous ones end, spread over one block lifetime,
+// and end as spread out while DRAM empties; shorter shares at the end shorten that ramp. At 256K
+// ratio 1 this tail (half a wave of 4, one wave of 2, a quarter wave of 1) measured faster than
+// no tail for every record, and faster than one wave of 4 then one of 2 or one wave of 2 alone;
+// head parts (shorter shares in the first wave) added nothing (docs/changelog.md, v20).
 StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit, const StreamTaper& tp) {
   // Wk waves of the resident warps, at least one warp
   const auto part = [&](double waves, int chunk) {
@@ -61,8 +60,8 @@ StreamShape stream_shape_r1(int64_t N, int64_t C, int64_t fit, const StreamTaper
       if (tp.tail_chunk[k] < C) shape.tail[shape.ntail++] = part(tp.tail_waves[k], tp.tail_chunk[k]);
   } else if ((N + 4 * C - 1) / (4 * C) >= 2 * fit) {
     // chunk-16 grids (the ratio-1 NVFP4 kernel): half a wave of 8, half of 4, a quarter of 2
-    // (256K, same call, session 14 call 6: 159.4-159.6 -> 158.8-158.9 us with the TMA kernel;
-    // session 13: 166.3-166.8 -> 165.3-165.7); chunk 8: the shape measured above
+    // (at 256K with the TMA kernel a little faster than the chunk-8 shape, which the other
+    // shapes tried did not beat: docs/changelog.md, v28); chunk 8: the shape measured above
     const bool c16 = C >= kChunkSmall;
     shape.ntail = 3;
     shape.tail[0] = part(0.5, c16 ? 8 : 4);

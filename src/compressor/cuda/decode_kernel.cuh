@@ -18,9 +18,10 @@ namespace dsv41kv::detail::cuda {
 //      request program j: qsl[j], qsl[j+1] together with the metadata of token j
 //        (speculation: in a decode-first batch qsl[j] == j; otherwise the metadata is loaded
 //        again for qsl[j], one round more), then the kv row of s with its ring / prev_rows
-//        predecessor and the RoPE row (the row used to come with the metadata: moving it to
-//        the second round took 0.10-0.11 us off ratio-2 decode with per-layer buffers, none
-//        with shared ones; docs/perf-notes.md session 8);
+//        predecessor and the RoPE row (the row used to come with the metadata, where phase
+//        stamps showed it lengthening the first round: moving it to the second round made
+//        ratio-2 decode faster with per-layer buffers and changed nothing with shared ones;
+//        docs/changelog.md, v23);
 //      pair program k: pos, slot, t2r (, ins_slot) of both candidate tokens 2k and 2k+1, then
 //        qsl[req], the two kv rows and the RoPE row;
 //      ratio-1 program t: the kv row, slot, pos (, ins_slot), then the RoPE row (in flight
@@ -63,9 +64,10 @@ struct G4Token {
 
 // kPcp (ratio 2 only) = p.pcp: the PCP launches (prev_rows lookups, no tail store) are their own
 // instantiation, so that the others never read the PCP fields: every parameter line a decode
-// kernel touches costs time per launch (session 7: one more line, 2.09 -> 2.22 us for ratio-1
-// decode; this one less, -0.06 to -0.08 us for ratio 2), and the PCP test compiled into LDCs of
-// line 0x300 at every request program.
+// kernel touches costs time per launch (one more line at the start measurably slowed ratio-1
+// decode, this one less measurably sped up ratio 2: docs/changelog.md, v21 and "Measurements
+// that explain the limits", Parameter lines), and the PCP test compiled into LDCs of line 0x300
+// at every request program.
 template <int R, int F, bool kPcp = false>
 __global__ void __launch_bounds__(128) compress_kernel_g4(const CompressParams p) {
   __shared__ __align__(16) float pooled[kPooledFloats];

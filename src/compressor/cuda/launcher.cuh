@@ -48,11 +48,11 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
     if (p.N <= 0) return;
     // A grid of one chunk per warp that leaves slots of the GPU empty (32K tokens: 256 blocks
     // where 924 fit) is widened up to what fits, down to kStreamMinTokensPerWarp tokens per warp
-    // (the kernel splits the tokens evenly, stream_share): 41 -> 36 us at 32K. Larger grids keep
-    // one chunk per warp: spreading 256K tokens evenly over the resident warps instead (each warp
-    // a long contiguous stretch) was slower for both ratios (200 -> 206 us ratio 1, 295 -> 322 us
-    // ratio 2; docs/perf-notes.md v13): the one-chunk grid keeps the warps that run at the same
-    // time on neighbouring rows.
+    // (the kernel splits the tokens evenly, stream_share): measured faster at 32K for every
+    // record (docs/changelog.md, v13). Larger grids keep one chunk per warp: spreading 256K
+    // tokens evenly over the resident warps instead (each warp a long contiguous stretch) was
+    // slower for both ratios, ratio 2 by far the most (docs/changelog.md, "Tried and did not
+    // pay"): the one-chunk grid keeps the warps that run at the same time on neighbouring rows.
     const int64_t fit = resident_blocks<R, F, C, M>();
     // the grid's shape: stream_shape_r1 (a tapered tail on large grids)
     const StreamSplitR1 sp = stream_split_r1(p.N, C, fit, stream_shape_r1(p.N, C, fit, tn.taper));
@@ -75,12 +75,11 @@ void launch_compress_stream_c(const CompressParams& p, cudaStream_t stream, bool
 // Programs per chunk C of the streaming kernel (at most 32: one lane resolves each program's
 // metadata): kChunkLarge (8) for grids of at least 4 waves of resident blocks, else kChunkSmall
 // (16; dsv41kv/tuning.hpp), for both ratios, except ratio-1 NVFP4 which keeps 16. Smaller chunks keep
-// the warps that run at the same time on nearer rows: 256K ratio 2 nvfp4 301-304 -> 290-291 us,
-// v4 297-299 -> 295-296; ratio 1 (32 -> 16 -> 8) v4 200-203 -> 194-195 -> 191-193, mxfp8 194-198
-// -> 189-190 -> 186-188, but nvfp4 238 -> 243-245 with 8 (and with its warp writer 215 -> 219-221;
-// docs/perf-notes.md v13, v14). Smaller grids keep 16: 32K ratio 2 ran 47 us with 16 and 54 with
-// 8 (512 blocks = 1.3 waves of 396 resident blocks where 16 makes one partial wave); 32K ratio 1
-// widens its grid anyway.
+// the warps that run at the same time on nearer rows: at 256K, 8 measured faster than 16 for
+// ratio 2 (nvfp4 the most) and each halving from 32 to 16 to 8 faster for ratio-1 v4 / mxfp8, but
+// ratio-1 nvfp4 was slower with 8, before and after its warp writer (docs/changelog.md, v13,
+// v14). Smaller grids keep 16: 32K ratio 2 was much slower with 8 (512 blocks = 1.3 waves of 396
+// resident blocks where 16 makes one partial wave); 32K ratio 1 widens its grid anyway.
 template <int R, int F>
 void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool pdl, const CompressTuning& tn) {
   int c = tn.stream_chunk;
@@ -101,7 +100,8 @@ void launch_compress_stream(const CompressParams& p, cudaStream_t stream, bool p
     // table (a tensor map's global address), 8-byte aligned records (one store of the NoPE code
     // words), the scale offset from the values in 32 bits (S <= 2^22); grids of at least two
     // waves of one-chunk warps (256K: the TMA pipeline's gain; 32K, whose widened grid gives each
-    // warp ~9 tokens, ran 34.5 -> 36.0 us with it, session 13: the per-warp start costs more)
+    // warp ~9 tokens, measured slower with it: the per-warp start costs more; docs/changelog.md,
+    // v25)
     if (device_is_sm90_or_newer() && p.N <= INT32_MAX && p.table_rows >= 1 && p.table_rows <= INT32_MAX &&
         reinterpret_cast<uintptr_t>(p.table) % 16 == 0 && reinterpret_cast<uintptr_t>(p.cache.base) % 8 == 0 &&
         p.cache.page_stride_bytes % 8 == 0 && p.cache.S <= (int64_t{1} << 22) && tn.stream_rows != 1 &&

@@ -35,14 +35,16 @@ inline constexpr int kStreamSegs = kStreamHeadMax + 1 + kStreamTailMax;  // head
 // sm_90 and the immediate constant cache fetches 64-byte lines; a warp that reads a constant
 // from a line not yet cached stalls at that instruction until the line arrives, and ncu showed
 // those misses one after the other at every decode kernel's start (~20% of its stall samples,
-// one per line touched: 5 lines for ratio 1, 5 for ratio 2 with the old order). In this order
-// ratio 1 decode touches 3 lines (0x200: the flags, N, kv, kv_stride, slot, pos; 0x240: norm_w
-// .. cache.page_stride_bytes; 0x280: the rest of the cache), ratio 2 one more (0x2c0: the
-// ring); only the PCP instantiation of the decode kernel reads the PCP fields (line 0x300).
-// Lines cost time per decode launch even when their misses overlap (session 7: a bank relaid for
-// fewer serialised misses but one more line for ratio 1 was 0.12-0.16 us slower; the PCP line
-// less for ratio 2 saved 0.06-0.08 us), so the count of lines is what matters. The
-// static_asserts below keep the groups inside their lines.
+// one per line touched: 5 lines for ratio 1, 5 for ratio 2 with the old order; docs/changelog.md,
+// v16). In this order ratio 1 decode touches 3 lines (0x200: the flags, N, kv, kv_stride, slot,
+// pos; 0x240: norm_w .. cache.page_stride_bytes; 0x280: the rest of the cache), ratio 2 one more
+// (0x2c0: the ring); only the PCP instantiation of the decode kernel reads the PCP fields (line
+// 0x300).
+// Lines cost time per decode launch even when their misses overlap (a bank relaid for fewer
+// serialised misses but one more line for ratio 1 measured slower for ratio 1; the PCP line less
+// for ratio 2 measured faster: docs/changelog.md, v21, "Tried and did not pay" and "Parameter
+// lines"), so the count of lines is what matters. The static_asserts below keep the groups
+// inside their lines.
 struct CompressParams {
   // line 0x200 (48 bytes after the driver's 16): what every program reads first
   uint8_t early_meta = 0;           // ExecContext::pdl_early_metadata (decode kernel)
@@ -93,7 +95,7 @@ static_assert(param_line(offsetof(CompressParams, cap_div) + sizeof(FastDivmod) 
 // given q = N / W and r = N % W computed once on the host: the first r warps take q + 1 tokens,
 // the others q, in token order. (Each warp used to compute w * N / W itself: a 64-bit division,
 // i.e. a call to a ~70-instruction routine at every warp's start, 2.8% of the stall samples of
-// the 256K ratio-1 kernel.)
+// the 256K ratio-1 kernel under ncu: docs/changelog.md, v16.)
 DSV41KV_HD void stream_share(int64_t w, int64_t q, int64_t r, int64_t& lo, int64_t& hi) {
   const bool extra = w < r;
   lo = w * q + (extra ? w : r);
@@ -133,8 +135,8 @@ struct StreamShape {
 // blocks in index order, so tail warps with short shares start last and the grid's last blocks
 // end close together instead of one chunk-C block lifetime apart (the launcher's default, see
 // launch_compress_stream_c). Head parts (first-wave blocks of different lengths, so that they
-// are not all replaced at once) measured no gain at 256K; they stay for experiments
-// (`dsv41kv bench --stream-head`).
+// are not all replaced at once) measured no gain at 256K (docs/changelog.md, v20); they stay
+// for experiments (`dsv41kv bench --stream-head`).
 struct StreamSplitR1 {
   int64_t blocks = 0;
   StreamSeg seg[kStreamSegs] = {};

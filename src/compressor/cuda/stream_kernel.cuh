@@ -9,8 +9,8 @@ namespace dsv41kv::detail::cuda {
 // Resident blocks the streaming kernel is compiled for (__launch_bounds__ minimum; registers
 // per thread <= 65536 / (128 * blocks)). Ratio 1 fits 7 blocks (the shared-memory limit too: 30
 // KiB per block, so 8 would not fit anyway): 72 registers, nvfp4 with an 8-byte spill (7 blocks
-// still measured faster than 6 blocks (80 registers) and 5 (96): 256K 208-210 vs 211 vs 215 us,
-// session 4). Overridable at build time.
+// still measured faster at 256K than 6 blocks (80 registers) or 5 (96): docs/changelog.md, v14).
+// Overridable at build time.
 #ifndef DSV41KV_R1_MIN_BLOCKS
 #define DSV41KV_R1_MIN_BLOCKS 7
 #endif
@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
   // RoPE table entries of the inserts, copied kRopeAhead programs ahead (cp.async): the table
   // row of a program is known only from its position, and a plain load issued at the start of
   // the program was still in flight when its RoPE needed it (ncu: a third of the stall samples
-  // of the ratio-2 nvfp4 kernel on that one multiply)
+  // of the ratio-2 nvfp4 kernel on that one multiply; docs/changelog.md, v9)
   __shared__ __align__(16) float rope_sm[4][(R == 1 ? kRowsAhead : kRopeAhead) + 1][kRopeDim];
   pdl_wait();  // PDL: the previous kernel's writes first (no early trigger: large grids)
   // (kRowsTmaRot: the warp index broadcast from lane 0, so that the compiler sees it and what
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(128, (kStreamMinBlocks<R, F, M>))
   //   ratio 1: an even share of the N token programs over the grid's warps (stream_share, with
   //   N / W and N % W from the host). The grid has at least one warp per C programs
   //   (stream_blocks_r1), so a share is at most C programs and the chunk loop below runs once;
-  //   widening a small grid only makes the shares smaller (tests/gpu/test_stream_split_gpu.cu).
+  //   widening a small grid only makes the shares smaller (tests/compressor/test_stream_split_gpu.cu).
   int64_t lo, hi;
   if constexpr (R == 2) {
     if (w < p.num_reqs) {

@@ -145,8 +145,8 @@ struct PooledSmem {
 // lanes of a quarter warp fall in eight distinct units: lanes 2m and 2m + 1 read line m, units
 // c ^ (m % 8) and (4 + c) ^ (m % 8). Every lane still receives its own dims in its own order.
 // Each reader is row_swizzled_offset (below) worked out for its access; calling that function
-// instead gives the same addresses but other generated code than the build measured in session
-// 12, so the change waits for a device A/B.
+// instead gives the same addresses but other generated code than the build whose timing was
+// measured (docs/changelog.md, v24), so the change waits for a device A/B.
 struct RowSwizzled {
   static constexpr bool kSwizzled = true;  // its own readers (below)
   static constexpr bool kRotated = false;
@@ -409,11 +409,12 @@ __device__ __forceinline__ void resolve_role(const CompressParams& p, int64_t pr
 // and ratio-1 NVFP4 at any size) reads its kv rows with the L2 evict-first policy: they are read
 // once, and the policy keeps the lines the launch writes (records, latents, ring rows) or that a
 // previous kernel left in L2 while the rows stream through, instead of writing them back during
-// the kernel. A/B on the H200 (session 6, docs/perf-notes.md v18): 32K ratio 1 -5 to -10%, ratio
-// 2 -3 to -4%, 256K ratio-1 NVFP4 -1.6%. The chunk-8 instantiation (large grids) keeps the
-// default policy: evict-first rows made 256K ratio 1 v4 / mxfp8 (138-153 MB of records, ~3x
-// L2) 4% / 2.5% slower and ratio 2 v4 1.4%. A compile-time choice: a policy chosen at run time
-// goes through uniform registers at every copy (R2UR), which cost 1-1.5% at 256K by itself.
+// the kernel. Measured faster with it on the H200 for 32K at both ratios and for 256K ratio-1
+// NVFP4 (docs/changelog.md, v18). The chunk-8 instantiation (large grids) keeps the default
+// policy: evict-first rows made 256K ratio 1 v4 / mxfp8 (138-153 MB of records, ~3x L2) and
+// ratio 2 v4 slower. A compile-time choice: a policy chosen at run time goes through uniform
+// registers at every copy (R2UR), which measured slower at 256K by itself (docs/changelog.md,
+// "Tried and did not pay").
 template <int C>
 inline constexpr bool kRowsEvictFirst = C == kChunkSmall;
 
@@ -437,8 +438,8 @@ __device__ __forceinline__ float (*smem_rows(int warp))[kPooledFloats] {
 // 128-byte swizzle needs 1024-byte aligned slots) and one mbarrier per slot, in one struct so
 // that a single register addresses both (the barriers at kRowBarsOffset from the rows): with the
 // barriers in an array of their own the v4 kernel needed one register more than its 72 and
-// spilled 4 bytes, 180.0 against 177.3 us at 256K (session 12). 7 KiB per warp, 31 KiB per block
-// with the RoPE ring: 7 blocks still fit an SM (the register limit).
+// spilled 4 bytes, and measured slower at 256K (docs/changelog.md, v24). 7 KiB per warp, 31 KiB
+// per block with the RoPE ring: 7 blocks still fit an SM (the register limit).
 struct alignas(1024) RowsTmaSmem {
   float rows[kRowsAhead + 1][kLatentDim];
   uint64_t bars[kRowsAhead + 1];
@@ -464,16 +465,17 @@ static_assert(offsetof(RowsRopeTmaSmem, rope) == kRopeSlotsOffset && offsetof(Ro
 // Ratio-1 kv rows by TMA (the chunk-8 instantiation, i.e. large grids): one bulk tensor copy
 // of the whole 2048-byte row per token into its ring slot (RowSwizzled layout), issued by lane 0
 // and counted by the slot's mbarrier (expected bytes, then the copy's complete_tx); every lane
-// waits on the barrier's phase parity. Why (session 12, docs/perf-notes.md v24): a traffic kernel
-// without arithmetic moved the 256K bytes at ~92% of the copy with the per-lane 16-byte cp.async
-// of the padded ring and at ~94-95% with one bulk copy per row; the fused kernel with a bulk copy
-// of unpadded rows was slower (4-way bank conflicts in the writer reads) until the rows were
-// swizzled. A tensor copy (cp.async.bulk.tensor with a tensor map) rather than the plain
-// cp.async.bulk: the swizzle needs the map, and compute-sanitizer racecheck reports every plain
-// bulk copy's shared writes as unsynchronised with the reads after the mbarrier wait ("invalid
-// async operation synchronization", a tool limitation, session 11), while a tensor copy's writes
-// are not attributed to a thread. The chunk-16 instantiations keep the cp.async ring with its L2
-// evict-first row policy, except ratio-1 NVFP4 on large grids (kRowsTmaRot below).
+// waits on the barrier's phase parity. Why: a traffic kernel without arithmetic moved the 256K
+// bytes measurably closer to the copy's rate with one bulk copy per row than with the per-lane
+// 16-byte cp.async of the padded ring; the fused kernel with a bulk copy of unpadded rows was
+// slower (4-way bank conflicts in the writer reads) until the rows were swizzled
+// (docs/changelog.md, "Measurements that explain the limits": the access-pattern ceiling; v24).
+// A tensor copy (cp.async.bulk.tensor with a tensor map) rather than the plain cp.async.bulk:
+// the swizzle needs the map, and compute-sanitizer racecheck reports every plain bulk copy's
+// shared writes as unsynchronised with the reads after the mbarrier wait ("invalid async
+// operation synchronization", a tool limitation: docs/changelog.md, v24), while a tensor copy's
+// writes are not attributed to a thread. The chunk-16 instantiations keep the cp.async ring with
+// its L2 evict-first row policy, except ratio-1 NVFP4 on large grids (kRowsTmaRot below).
 // Row mechanisms of the ratio-1 streaming kernel (template parameter M): cp.async into the padded
 // ring (kRowsCp, also every ratio-2 kernel), TMA into the swizzled ring (kRowsTmaSwz, chunk 8),
 // TMA of rows and RoPE entries, rotated reads (kRowsTmaRot, NVFP4 chunk 16).

@@ -28,8 +28,9 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, 
 // RoPE table entries are copied with an L2 evict-last policy (both ratios): every request reads
 // the row of each of its positions, the 16 requests of a 256K prefill reach a position at
 // different times, and in between tens of MB of kv rows stream through L2; with the default
-// policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: 584 MB of DRAM reads for 549
-// MB of rows, metadata and table; 546 MB with the policy, 191 -> 184.5 us; ratio 2 -2%).
+// policy most RoPE rows came from DRAM again (ncu, 256K ratio 1 v4: DRAM reads ~7% above the
+// bytes of rows, metadata and table, about those bytes with the policy, which made both ratios
+// faster: docs/changelog.md, v15).
 __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));

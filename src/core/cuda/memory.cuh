@@ -18,11 +18,11 @@ __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast
 // are not ordered against the kernel's own stores).
 // The form is ld.relaxed.gpu (LDG.STRONG.GPU): coherent at GPU scope (after a PDL grid
 // dependency wait it sees the previous kernel's writes like any load) without the system-scope
-// ld.volatile (LDG.STRONG.SYS) used before. A/B on the H200 (session 5, decode per layer, 16-layer
-// graph, plain launches): ratio 1 v4 / mxfp8 / nvfp4 2.30 / 2.21 / 2.45 -> 2.27 / 2.16 / 2.38 us
-// (per-layer buffers), 2.15 / 2.23 / 2.43 -> 2.11 / 2.19 / 2.41 (shared); ratio 2 shared
-// 3.30 / 3.23 / 3.41 -> 3.23 / 3.14 / 3.32, per-layer unchanged. A weak ld.global was within
-// +-0.05 us of it (better for ratio-1 nvfp4, worse for ratio 2 per-layer).
+// ld.volatile (LDG.STRONG.SYS) used before. In an A/B on the H200 (decode of a 16-layer graph,
+// plain launches) it was never slower: ratio 1 faster for every record with per-layer and with
+// shared buffers, ratio 2 faster with shared buffers and unchanged per-layer. A weak ld.global
+// was close to it either way (better for ratio-1 nvfp4, worse for ratio 2 per-layer)
+// (docs/changelog.md, v16 and "Tried and did not pay").
 #define DSV41KV_LDQ "ld.relaxed.gpu.global"
 __device__ __forceinline__ int64_t ld_early(const int64_t* p) {
   int64_t v;

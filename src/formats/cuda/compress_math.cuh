@@ -48,8 +48,9 @@ DSV41KV_HD bool pool_fast_range(float ex) { return num::f2u(ex) - 0x21800000u <=
 // w1 = 1/den and wx = ex/den for den = add_rn(1, ex), sharing one reciprocal seed, with the
 // operation sequence of the compiler's div.rn.f32 fast path (r0 = rcp.approx; r = r0 +
 // r0*(1 - den*r0); q0 = a*r; q = q0 + r*(a - den*q0), all fma; for a = 1, q0 = r). Equal to
-// div_rn(1, den) and div_rn(ex, den) for every ex with pool_fast_range(ex) (every such ex was
-// checked on the H200); not for every other ex.
+// div_rn(1, den) and div_rn(ex, den) for every ex with pool_fast_range(ex) (every such ex is
+// checked on every GPU run: PoolWeightsEqualTheIeeeDivisionsOnTheirRange in
+// tests/compressor/test_compress_math_gpu.cu); not for every other ex.
 __device__ __forceinline__ void pool_weights_fast(float ex, float& w1, float& wx) {
   const float den = num::add_rn(1.0f, ex);
   float r0;
@@ -69,13 +70,14 @@ __device__ __forceinline__ void pool_weights_fast(float ex, float& w1, float& wx
 //    for a == b, m = b and a - b is +-0); its other difference is b - a (za) or a - b (!za),
 //    both == x because RN is symmetric (b - a == -(a - b)); for a == b pool2_exact takes
 //    exp32(+0) and this exp32(-0), both exactly 1;
-//  * for x in [-41, 0]: exp32_mid(x) == exp32_nonpos(x) == exp32(x) (see exp32_mid; exp32_nonpos
-//    checked for all 2^32 inputs on the H200), and exp32(x) lies in [2^-60, 1] (checked on the
-//    host for every x in [-41, -0]: docs/perf-notes.md v4), the range where
-//    the two weights 1/den and ex/den share one reciprocal seed and follow the operation
-//    sequence of the compiler's div.rn.f32 fast path (r0 = rcp.approx; r = r0 + r0*(1 - den*r0);
-//    q0 = a*r; q = q0 + r*(a - den*q0), all fma; for a = 1, q0 = r); for every ex in
-//    [2^-60, 1] both equal div_rn's bits (checked exhaustively on the H200, docs/perf-notes.md).
+//  * for x in [-41, 0]: exp32_mid(x) == exp32_nonpos(x) == exp32(x) (see exp32_mid; both checked
+//    for every input on every GPU run: tests/formats/test_fast_numerics_gpu.cu), and exp32(x)
+//    lies in [2^-60, 1] (checked on the host for every x in [-41, -0]: docs/changelog.md,
+//    "Bit-identity evidence"), the range where the two weights 1/den and ex/den share one
+//    reciprocal seed and follow the operation sequence of the compiler's div.rn.f32 fast path
+//    (r0 = rcp.approx; r = r0 + r0*(1 - den*r0); q0 = a*r; q = q0 + r*(a - den*q0), all fma; for
+//    a = 1, q0 = r); for every ex in [2^-60, 1] both equal div_rn's bits (pool_weights_fast:
+//    checked exhaustively on every GPU run, tests/compressor/test_compress_math_gpu.cu).
 __device__ __forceinline__ float pool2_try(float a_kv, float a_score, float b_kv, float b_score,
                                            bool& ok) {
   const float d = num::sub_rn(a_score, b_score);

@@ -1,5 +1,6 @@
 // Fast device forms of the number formats of numerics.hpp, each bit-identical to the exact form
-// it replaces (the proof or the exhaustive test is stated beside it; docs/numerics.md lists them):
+// it replaces (the proof or the exhaustive test is stated beside it; docs/cuda.md, "Why it is
+// bit-identical to the CPU", lists them):
 //   * exp32_nonpos / exp32_mid: exp32 without branches, for x <= 0 / x in [-41, 0];
 //   * e4m3x2_finite: cvt.rn.satfinite.e4m3x2.f32 (sm_89+) for finite inputs is e4m3_encode
 //     (SPEC 2.2 defines the encoder as that instruction, apart from the NaN byte, and it is only
@@ -82,7 +83,9 @@ __device__ __forceinline__ float exp32_mid(float x) {
 // passing every lower one (a >= thr[j] > thr[k] for k < j), so the count is the index of the
 // first threshold not passed: bit 2 = (a >= thr[3]), bit 1 = (a >= thr[5] or thr[1]), bit 0 =
 // (a > thr[6], thr[4], thr[2] or thr[0]); equal to the 7-compare count for every a (checked on
-// the host for every e4m3 scale, docs/perf-notes.md v4).
+// the host for every e4m3 scale: docs/changelog.md, "Bit-identity evidence"; the codes against
+// the division on every GPU run: E2m1WithoutDivisionEqualsDivision in
+// tests/formats/test_fast_numerics_gpu.cu).
 DSV41KV_HD uint8_t e2m1_quotient_code(float v, const float (&thr)[7]) {
   const float a = num::abs_f(v);
   const bool b2 = a >= thr[3];
@@ -146,8 +149,10 @@ __device__ __forceinline__ void load_bf16(const uint16_t* src, float (&x)[E], ui
 // hardware conversion cvt.rn.bf16x2.f32 (round to nearest even, no flush to zero: the rounding
 // bf16_encode implements on the bits, subnormals, zeros, infinities and overflow to infinity
 // included) when no value is a NaN; if any is (bf16_encode's canonical NaN 0x7FC0 differs from
-// the hardware's), all E are encoded by bf16_encode. The hardware result was compared with
-// bf16_encode for every non-NaN fp32 pattern on the H200 (docs/perf-notes.md v5).
+// the hardware's), all E are encoded by bf16_encode. The hardware result is compared with
+// bf16_encode for every non-NaN fp32 pattern on every GPU run
+// (Bf16AndExp32FormsEqualTheExactOnesOnEveryInput in tests/formats/test_fast_numerics_gpu.cu;
+// docs/changelog.md, "Bit-identity evidence").
 __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t r;
@@ -160,7 +165,7 @@ __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
 // Neither value is a NaN (one setp.num: a == a && b == b). Not !isunordered(a, b): that is a
 // host constexpr function (std::isunordered, reached through --expt-relaxed-constexpr) which
 // nvcc 13 folds to "unordered" in device code, so the hardware path was dead code and every
-// value went through bf16_encode (v7 in docs/perf-notes.md: no F2FP.BF16 in the SASS).
+// value went through bf16_encode (no F2FP.BF16 in the SASS: docs/changelog.md, v7).
 __device__ __forceinline__ bool bf16_hw_ok2(float a, float b) { return a == a && b == b; }
 // num::bf16_encode of each value, packed, in software (the NaN fallback below).
 template <int E>
@@ -279,11 +284,13 @@ __device__ __forceinline__ uint8_t nv_tile_scale(float amax, float (&thr)[7]) {
 
 // Packed e2m1 decisions (sm_90, bf16x2): the codes of e2m1_quotient_code for two values per
 // instruction, the threshold selects and the code assembly in bf16x2 arithmetic (the fma and
-// fp16 pipes) rather than logic (the alu pipe, which limited the 256K ratio-1 NVFP4 kernel: alu
-// 75% busy, math-pipe-throttle the largest stall after "not selected"; with the selects as
-// fmas 60%, session 14). Every constant below is c * sd for an e4m3 scale sd (<= 4 significant
-// bits) and a c of <= 4 significant bits, so it, and every sum the selects form, is exact in
-// bf16 (FastMathHost.E2m1SelectConstantsAreExactInBf16); bf16 values compare exactly in bf16.
+// fp16 pipes) rather than logic (the alu pipe, which limited the 256K ratio-1 NVFP4 kernel: under
+// ncu the alu pipe was the busiest, about three quarters of its peak, and math-pipe throttle the
+// largest stall after "not selected"; with the selects as fmas the alu load fell well below that
+// and the kernel ran faster: docs/changelog.md, v27). Every constant below is c * sd for an e4m3
+// scale sd (<= 4 significant bits) and a c of <= 4 significant bits, so it, and every sum the
+// selects form, is exact in bf16 (FastNumericsHost.E2m1SelectConstantsAreExactInBf16 in
+// tests/formats/test_fast_numerics_gpu.cu); bf16 values compare exactly in bf16.
 //
 // The decision constants of one tile (bf16 in both halves): the thresholds c * sd for c = 0.25,
 // 0.75, 1.75 and the differences the selects add (e2m1_thresholds: T0 .. T6 = 0.25, 0.75, 1.25,
