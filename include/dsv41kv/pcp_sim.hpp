@@ -58,6 +58,23 @@ struct Workload {
 };
 Workload generate_workload(const WorkloadConfig& c);
 
+// The built-in workload of `dsv41kv demo` (and of the tests that check what it writes): 6
+// requests, prompts of 9..150 tokens starting at computed offsets 0..9 (odd and even), a 64-token
+// chunk budget (so prefills are chunked), 3 decode steps each, at most 4 running at once; request
+// 1 is the null-block request (ring block 0, no pages), every other one has a ring block.
+inline Workload demo_workload(uint64_t seed) {
+  WorkloadConfig c;
+  c.seed = seed;
+  c.num_requests = 6;
+  c.prompt_max = 150;
+  c.chunk_budget = 64;
+  c.null_block_fraction = 0.0;
+  Workload w = generate_workload(c);
+  w.requests[1].null_block = true;
+  w.requests[1].ring_block = 0;
+  return w;
+}
+
 // ---------------------------------------------------------------- simulation
 
 struct SimConfig {
