@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "core/validate.hpp"
 #include "dsv41kv/metadata.hpp"
@@ -43,16 +44,19 @@ void StepMetadata::Impl::check(const StepBatch& b) const {
     detail::bad_arg(kOp, "batch.requests",
                     fmt::format("{} requests, expected at most max_requests = {}", b.requests.size(), cfg.max_requests));
   if (b.padding_rows < 0) detail::bad_arg(kOp, "batch.padding_rows", fmt::format("{}, expected >= 0", b.padding_rows));
-  int64_t rows = b.padding_rows;
+  int64_t tokens = 0;  // saturating: the bound below only needs to be exceeded
   for (size_t j = 0; j < b.requests.size(); ++j) {
     const StepRequest& q = b.requests[j];
     if (q.query_len < 0) bad_request(j, "query_len", fmt::format("{}, expected >= 0", q.query_len));
     if (q.num_computed < 0 || q.num_computed > (int64_t{1} << 60))
       bad_request(j, "num_computed", fmt::format("{}, expected 0..2^60", q.num_computed));
-    rows += std::min(q.query_len, cfg.max_tokens + 1);  // no overflow before the bound below
-    if (rows > cfg.max_tokens)
-      detail::bad_arg(kOp, "batch", fmt::format("{}+ rows (tokens and padding rows) after request {}, expected at most "
-                                                "max_tokens = {}", rows, j, cfg.max_tokens));
+    if (__builtin_add_overflow(tokens, q.query_len, &tokens)) tokens = std::numeric_limits<int64_t>::max();
+  }
+  if (tokens > cfg.max_tokens || b.padding_rows > cfg.max_tokens - tokens)
+    detail::bad_arg(kOp, "batch", fmt::format("{} tokens and {} padding rows, expected at most max_tokens = {} rows",
+                                              tokens, b.padding_rows, cfg.max_tokens));
+  for (size_t j = 0; j < b.requests.size(); ++j) {
+    const StepRequest& q = b.requests[j];
     if (cfg.serves(2) && q.ring_block >= cfg.ring_blocks)
       bad_request(j, "ring_block", fmt::format("{}, expected < ring_blocks = {} (<= 0: the null block)", q.ring_block,
                                                cfg.ring_blocks));
