@@ -110,9 +110,7 @@ std::vector<int> parse_pcp(const std::string& s) {
 }
 
 std::vector<RecordFormat> parse_formats(const std::string& s) {
-  if (s == "all")
-    return {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288,
-            RecordFormat::PLAIN_BF16, RecordFormat::PLAIN_FP8};
+  if (s == "all") return {std::begin(kAllRecordFormats), std::end(kAllRecordFormats)};
   std::vector<RecordFormat> fs;
   for (const auto& part : split(s, ',')) fs.push_back(parse_record_format(part.c_str()));
   return fs;
@@ -166,12 +164,7 @@ int run_command(const RunOptions& o) {
   sc.fault = seam::parse_fault(o.mutation);
 #endif
   const std::vector<int> ps = parse_pcp(o.pcp);
-  for (int P : ps)
-    if (P > 1 && o.num_spec > 0)
-      fail(ErrorCode::kPcpWithSpec,
-           fmt::format("--pcp {} with --num-speculative-tokens {}: PCP cannot be combined with "
-                       "speculative decoding: under PCP the ring keeps only the open row",
-                       P, o.num_spec));
+  for (int P : ps) pcp::check_pcp_speculation("run", P, o.num_spec);
   const pcp::Workload w = pcp::generate_workload(wc);
   const bool on_gpu = o.device == "cuda";
   if (on_gpu) {
