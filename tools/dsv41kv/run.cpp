@@ -132,7 +132,7 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
 }
 
 int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
-int launch_workers(const RunOptions& o, int P);
+int launch_workers(const RunOptions& o, int P, const std::vector<std::string>& command_line);
 
 // The machine's physical memory: the simulation's limit (SimConfig::max_host_bytes), so that a
 // workload too large for it is rejected (exit 2) before anything is allocated.
@@ -141,7 +141,7 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * static_cast<int64_t>(page) : 0;
 }
 
-int run_command(const RunOptions& o) {
+int run_command(const RunOptions& o, const std::vector<std::string>& command_line) {
   pcp::WorkloadConfig wc;
   wc.seed = o.seed;
   wc.num_requests = o.requests;
@@ -202,7 +202,7 @@ int run_command(const RunOptions& o) {
                                      env->source));
       return run_worker(o, *env, sc, w);
     }
-    return launch_workers(o, ps[0]);
+    return launch_workers(o, ps[0], command_line);
   }
 
   int64_t total_tokens = 0;
@@ -422,7 +422,7 @@ int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimCo
   ::_exit(code);
 }
 
-int launch_workers(const RunOptions& o, int P) {
+int launch_workers(const RunOptions& o, int P, const std::vector<std::string>& command_line) {
   if (!nccl_available()) {
     std::fprintf(stderr, "dsv41kv: run --launch local: this build has no NCCL (%s): configure with CUDA and NCCL "
                          "(DSV41KV_NCCL=ON), or run the ranks in one process (no --launch)\n",
@@ -441,20 +441,10 @@ int launch_workers(const RunOptions& o, int P) {
   lo.rendezvous = o.rendezvous;
   lo.failure_grace = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)) + std::chrono::seconds(10);
   lo.max_runtime = std::chrono::milliseconds(static_cast<int64_t>(o.max_runtime_s * 1000));
-  lo.argv = {comm::self_executable(), "run", "--pcp", std::to_string(P), "--device", "cuda", "--launch", "local",
-             "--timeout", fmt::format("{}", o.timeout_s), "--steps", std::to_string(o.steps),
-             "--requests", std::to_string(o.requests), "--prompt-len", o.prompt_len, "--start", o.start,
-             "--decode-steps", std::to_string(o.decode_steps), "--chunk-budget", std::to_string(o.chunk_budget),
-             "--max-num-seqs", std::to_string(o.max_num_seqs), "--decode-placement", o.placement,
-             "--seed", std::to_string(o.seed), "--format", o.format, "--ratio", std::to_string(o.ratio),
-             "--null-fraction", fmt::format("{}", o.null_fraction), "--graph-pad", std::to_string(o.graph_pad),
-             "--states-per-page", std::to_string(o.states_per_page),
-             "--num-speculative-tokens", std::to_string(o.num_spec), "--mutation", o.mutation};
-  if (o.verify) lo.argv.push_back("--verify");
-  if (o.kill_rank >= 0)
-    for (const std::string& a : {std::string("--kill-rank"), std::to_string(o.kill_rank), std::string("--kill-at-step"),
-                                 std::to_string(kill_step(o))})
-      lo.argv.push_back(a);
+  // The workers get this process's command line as it was given (they recognise themselves by
+  // the launcher's environment); only the program path is made absolute.
+  lo.argv = command_line;
+  lo.argv.at(0) = comm::self_executable();
   std::printf("run: launching %d worker(s), one per GPU, NCCL %s, rendezvous %s, timeout %g s\n", P,
               nccl_version_string().c_str(), o.rendezvous.c_str(), o.timeout_s);
   std::fflush(stdout);
@@ -466,7 +456,7 @@ int launch_workers(const RunOptions& o, int P) {
 
 }  // namespace
 
-void add_run(CLI::App& app, int& exit_code) {
+void add_run(CLI::App& app, int& exit_code, std::vector<std::string> command_line) {
   auto* cmd = app.add_subcommand(
       "run", "multi-step PCP serving simulation: per-step communication volume; --verify checks SPEC 7.8 "
              "against the single-rank run (exit 1 on a difference)");
@@ -515,7 +505,7 @@ void add_run(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(-1, 63))->capture_default_str();
   cmd->add_option("--kill-at-step", o.kill_at_step, "--kill-rank: ... at the start of this step (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  cmd->callback([&exit_code] { exit_code = run_command(o); });
+  cmd->callback([&exit_code, line = std::move(command_line)] { exit_code = run_command(o, line); });
 }
 
 }  // namespace dsv41kv::cli
