@@ -316,7 +316,8 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
   return any_mismatch ? 1 : 0;
 }
 
-// One worker of --launch local: rank env.rank of P over NCCL on GPU env.device.
+// One worker of --launch local: rank env.rank of P over NCCL on GPU env.device, run and verified
+// by the library (pcp::run_worker_rank); this prints its steps and verdict.
 int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc_in,
                     const pcp::Workload& w) {
   const int P = env.world, r = env.rank;
@@ -325,80 +326,48 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   pcp::SimConfig sc = sc_in;
   sc.device = Device::CUDA;
   sc.cuda_device = env.device;
-  pcp::Simulation mine(sc, w, P, /*with_reference=*/false, &nccl);
-  // The reference: every rank of the same workload on the CPU in this process (ThreadGroup),
-  // itself checked against the single-rank runs of SPEC 7.8 at every step.
-  std::unique_ptr<pcp::Simulation> ref;
-  if (o.verify) {
-    pcp::SimConfig rc = sc_in;
-    rc.device = Device::CPU;
-    ref = std::make_unique<pcp::Simulation>(rc, w, P, /*with_reference=*/true);
-  }
-  std::printf("rank %d/%d: GPU %d, NCCL %s, %lld steps%s\n", r, P, env.device, nccl_version_string().c_str(),
-              static_cast<long long>(mine.num_steps()),
-              o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
+  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s\n", r, P, env.device, nccl_version_string().c_str(),
+              w.steps.size(), o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
   std::printf("rank %d/%d: %4s %6s %6s %5s %9s %12s %12s %12s %12s %12s\n", r, P, "step", "tokens", "padded", "rows",
               "gpu ms", "nccl sent", "nccl recv", "expect sent", "expect recv", "kv all-gath");
   std::fflush(stdout);
-  pcp::CheckStats own, spec;
-  uint64_t tot_sent = 0, tot_recv = 0;
-  pcp::CommVolume tot_exp;
-  double tot_ms = 0;
-  std::optional<pcp::Mismatch> first;
-  int64_t steps_run = 0;
-  for (int64_t i = 0; i < mine.num_steps(); ++i) {
-    // The ranks meet before each step so that its GPU time is the step's, not the time this rank
-    // waits in the first collective for a peer still busy with the previous step's CPU check.
-    nccl.barrier();
-    // --kill-rank: after the barrier, so that the other ranks are inside the step (its
-    // all-gathers and the communicator's wait before the link comes back) when this one dies
-    if (r == o.kill_rank && i == kill_step(o))
-      comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
-    const pcp::StepReport rep = mine.run_step(i);
-    ++steps_run;
-    const size_t k = static_cast<size_t>(r);
-    const pcp::CommVolume& v = rep.volume[k];
-    tot_sent += rep.measured_sent[k];
-    tot_recv += rep.measured_received[k];
-    tot_exp += v;
-    tot_ms += rep.device_ms[k];
+  pcp::WorkerOptions wo;
+  wo.verify = o.verify;
+  // --kill-rank: after the ranks have met, so that the other ranks are inside the step (its
+  // all-gathers and the communicator's wait before the link comes back) when this one dies
+  wo.at_step_start = [&](int64_t i) {
+    if (r == o.kill_rank && i == kill_step(o)) comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
+  };
+  wo.on_step = [&](const pcp::WorkerStep& st) {
+    const pcp::StepReport& rep = st.report;
+    const pcp::CommVolume& v = st.expected;
     std::printf("rank %d/%d: %4lld %6lld %6lld %5lld %9.3f %12s %12s %12s %12s %12s\n", r, P,
                 static_cast<long long>(rep.step), static_cast<long long>(rep.num_tokens),
-                static_cast<long long>(rep.padded), static_cast<long long>(rep.num_rows), rep.device_ms[k],
-                human_bytes(rep.measured_sent[k]).c_str(), human_bytes(rep.measured_received[k]).c_str(),
-                human_bytes(v.sent()).c_str(), human_bytes(v.received()).c_str(),
-                v.replaced_received ? human_bytes(v.replaced_received).c_str() : "-");
-    if (rep.measured_sent[k] != v.sent() || rep.measured_received[k] != v.received()) {
-      if (!first)
-        first = pcp::Mismatch{i, r, "nccl counters",
-                              0,
-                              fmt::format("moved sent {} / received {} bytes, SPEC 7.7 expects {} / {}",
-                                          rep.measured_sent[k], rep.measured_received[k], v.sent(), v.received())};
-    }
-    if (ref) {
-      ref->run_step(i);
-      if (auto mm = ref->check_step(&spec); mm && !first) first = mm;
-      if (auto mm = mine.compare_rank(*ref, &own); mm && !first) first = mm;
-    }
+                static_cast<long long>(rep.padded), static_cast<long long>(rep.num_rows), st.device_ms,
+                human_bytes(st.sent).c_str(), human_bytes(st.received).c_str(), human_bytes(v.sent()).c_str(),
+                human_bytes(v.received()).c_str(), v.replaced_received ? human_bytes(v.replaced_received).c_str() : "-");
     std::fflush(stdout);
-    if (first) break;
-  }
+  };
+  const pcp::WorkerResult res = pcp::run_worker_rank(sc, w, nccl, wo);
+  const int64_t n = res.steps_run;
   std::printf("rank %d/%d: total over %lld steps: gpu %.3f ms (%.3f ms/step), NCCL moved sent %s received %s "
               "(SPEC 7.7: %s / %s); replaced kv_score all-gather %s\n",
-              r, P, static_cast<long long>(steps_run), tot_ms, steps_run ? tot_ms / static_cast<double>(steps_run) : 0.0,
-              human_bytes(tot_sent).c_str(), human_bytes(tot_recv).c_str(), human_bytes(tot_exp.sent()).c_str(),
-              human_bytes(tot_exp.received()).c_str(),
-              tot_exp.replaced_received ? human_bytes(tot_exp.replaced_received).c_str() : "- (ratio 1)");
-  if (first) {
-    std::printf("rank %d/%d: verify: DIFFERENCE at %s\n", r, P, first->to_string().c_str());
+              r, P, static_cast<long long>(n), res.device_ms, n ? res.device_ms / static_cast<double>(n) : 0.0,
+              human_bytes(res.sent).c_str(), human_bytes(res.received).c_str(), human_bytes(res.expected.sent()).c_str(),
+              human_bytes(res.expected.received()).c_str(),
+              res.expected.replaced_received ? human_bytes(res.expected.replaced_received).c_str() : "- (ratio 1)");
+  if (res.first_mismatch) {
+    std::printf("rank %d/%d: verify: DIFFERENCE at %s\n", r, P, res.first_mismatch->to_string().c_str());
     std::fflush(stdout);
     return 1;
   }
+  const pcp::CheckStats& own = res.rank_vs_cpu;
+  const pcp::CheckStats& spec = res.cpu_vs_references;
   if (o.verify)
     std::printf("rank %d/%d: verify: identical at all %lld steps: this rank (GPU, NCCL) == the same rank of the CPU "
                 "run (latents %llu elements, caches %llu bytes, ring %llu floats, link %llu entries), and the CPU "
                 "run == the single-rank references (SPEC 7.8: latents %llu, caches %llu bytes, rings %llu floats)\n",
-                r, P, static_cast<long long>(steps_run), static_cast<unsigned long long>(own.latent_elements),
+                r, P, static_cast<long long>(n), static_cast<unsigned long long>(own.latent_elements),
                 static_cast<unsigned long long>(own.cache_bytes), static_cast<unsigned long long>(own.ring_floats),
                 static_cast<unsigned long long>(own.link_entries),
                 static_cast<unsigned long long>(spec.latent_elements),
