@@ -64,13 +64,8 @@ Workload generate_workload(const WorkloadConfig& c);
 // chunk budget (so prefills are chunked), 3 decode steps each, at most 4 running at once; request
 // 1 is the null-block request (ring block 0, no pages), every other one has a ring block.
 inline Workload demo_workload(uint64_t seed) {
-  WorkloadConfig c;
-  c.seed = seed;
-  c.num_requests = 6;
-  c.prompt_max = 150;
-  c.chunk_budget = 64;
-  c.null_block_fraction = 0.0;
-  Workload w = generate_workload(c);
+  Workload w = generate_workload(
+      {.seed = seed, .num_requests = 6, .prompt_max = 150, .chunk_budget = 64, .null_block_fraction = 0.0});
   w.requests[1].null_block = true;
   w.requests[1].ring_block = 0;
   return w;
