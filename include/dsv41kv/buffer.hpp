@@ -3,10 +3,10 @@
 //
 // Host memory (Device::CPU, 256-byte aligned) or device memory (Device::CUDA, cudaMalloc on the
 // current device; E8 "built without CUDA" in a build without CUDA). The contents start
-// unspecified. Transfers run on ctx.stream: upload and fill are ordered on it and return without
-// waiting for it (a host source may be reused at once: uploads from pageable memory are staged
-// before they return); download waits for the copy, since its caller reads the bytes next (the
-// one place a Buffer synchronises). No CUDA type appears here.
+// unspecified. Transfers run on ctx.stream: upload and fill are ordered on it and do not wait for
+// it (a source in pageable host memory may be reused at once: the driver stages it before the
+// call returns, and may order that with the stream); download waits for the copy, since its
+// caller reads the bytes next (the one place a Buffer synchronises). No CUDA type appears here.
 #pragma once
 
 #include <cstddef>
@@ -66,9 +66,8 @@ class Buffer {
   // Every byte of [offset, offset + bytes) set to `byte` (bytes = SIZE_MAX: to the end).
   void fill(uint8_t byte, size_t offset = 0, size_t bytes = SIZE_MAX, const ExecContext& ctx = {});
   // The whole buffer as repetitions of a pattern of `pattern_bytes` (1, 2, 4 or 8; size() a
-  // multiple of it), e.g. a float canary. CUDA: a repeating pattern wider than one byte is
-  // written through a host copy of the buffer and a synchronous upload (a set-up operation, not a
-  // per-step one).
+  // multiple of it), e.g. a float canary. CUDA: a pattern of distinct bytes goes up as a host
+  // copy of the whole buffer, allocated for the call (a set-up operation, not a per-step one).
   void fill_pattern(const void* pattern, size_t pattern_bytes, const ExecContext& ctx = {});
   template <class T>
   void fill_with(const T& value, const ExecContext& ctx = {}) {

@@ -13,9 +13,13 @@
 // window rows join it), KvSourceLayer is one layer's state (the SWA cache, the indexer and the
 // attention join it), StepBatch is what the engine hands over.
 //
-// Allocation: every buffer is allocated when its object is constructed, sized by the
-// configuration (max_tokens, max_requests, pages, ring blocks); building a step's metadata and
-// running a layer allocate nothing (host staging included) and, on CUDA, never synchronise.
+// Allocation: every buffer (device memory and host staging) is allocated when its object is
+// constructed, sized by the configuration (max_tokens, max_requests, pages, ring blocks): the
+// metadata's staging and mappings at max_tokens rows and max_requests requests, a layer's
+// weights, RoPE table, ring, caches and its kv_score and latent rows at max_tokens, the cuBLAS
+// handle and workspace (CUDA). Building a step's metadata and running a layer allocate no memory
+// (the CPU backend's worker threads are the ops' own) and do not synchronise: the step's host
+// data goes up from pageable staging, which the CUDA driver stages before the call returns.
 // Reading back (timings, WriteAudit, the Buffers' download) synchronises and is for callers that
 // check or report, not for the serving path.
 //

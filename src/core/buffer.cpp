@@ -46,6 +46,9 @@ void copy_to_host(Device device, const void* src, void* host, size_t bytes, cons
 Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
   if (device != Device::CPU && device != Device::CUDA)
     detail::bad_arg("Buffer", "device", fmt::format("{}, expected cpu or cuda", static_cast<int>(device)));
+#if !defined(DSV41KV_WITH_CUDA)
+  if (device == Device::CUDA) detail::built_without_cuda("Buffer on cuda");
+#endif
   if (bytes == 0) return;
   if (device == Device::CPU) {
     data_ = ::operator new(bytes, kHostAlign);
@@ -53,9 +56,6 @@ Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
   }
 #if defined(DSV41KV_WITH_CUDA)
   DSV41KV_CUDA_CHECK(cudaMalloc(&data_, bytes));
-#else
-  bytes_ = 0;
-  detail::built_without_cuda("Buffer on cuda");
 #endif
 }
 
@@ -186,14 +186,10 @@ void Buffer::fill_pattern(const void* pattern, size_t pattern_bytes, const ExecC
     write(static_cast<uint8_t*>(data_));
     return;
   }
+  // an upload from pageable memory returns once the source is staged, so the copy may die here
   std::vector<uint8_t> host(bytes_);
   write(host.data());
   upload(host.data(), bytes_, 0, ctx);
-#if defined(DSV41KV_WITH_CUDA)
-  // the host copy dies here: wait for the copy (uploads from pageable memory are staged, but a
-  // pinned-looking allocation is not guaranteed to be)
-  DSV41KV_CUDA_CHECK(cudaStreamSynchronize(detail::as_stream(ctx.stream)));
-#endif
 }
 
 }  // namespace dsv41kv
