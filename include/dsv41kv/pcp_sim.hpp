@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -57,6 +58,18 @@ struct Workload {
   int64_t max_position = 0;                          // largest position of any token
 };
 Workload generate_workload(const WorkloadConfig& c);
+
+// The built-in workload of `dsv41kv demo` (and of the tests that check what it writes): 6
+// requests, prompts of 9..150 tokens starting at computed offsets 0..9 (odd and even), a 64-token
+// chunk budget (so prefills are chunked), 3 decode steps each, at most 4 running at once; request
+// 1 is the null-block request (ring block 0, no pages), every other one has a ring block.
+inline Workload demo_workload(uint64_t seed) {
+  Workload w = generate_workload(
+      {.seed = seed, .num_requests = 6, .prompt_max = 150, .chunk_budget = 64, .null_block_fraction = 0.0});
+  w.requests[1].null_block = true;
+  w.requests[1].ring_block = 0;
+  return w;
+}
 
 // ---------------------------------------------------------------- simulation
 
@@ -163,5 +176,49 @@ struct RunResult {
 };
 RunResult run_simulation(const SimConfig& cfg, const Workload& w, int P, bool verify,
                          bool keep_going = false);
+
+// ---------------------------------------------------------------- one rank in its own process
+
+// One rank of a multi-process run (one process per GPU, `dsv41kv run --launch local`): this
+// rank's Simulation over `comm` and, with verify, a CPU run of every rank of the same workload
+// in this process, itself checked against the single-rank references of SPEC 7.8 at every step.
+
+// What one step of the rank did.
+struct WorkerStep {
+  int rank = 0;
+  StepReport report;
+  uint64_t sent = 0, received = 0;  // bytes the communicator moved in the step (its counters)
+  CommVolume expected;              // SPEC 7.7 for this rank
+  double device_ms = 0;             // the rank's layer step on the device (0 on the CPU)
+};
+
+struct WorkerOptions {
+  bool verify = false;
+  // Called at the start of every step, once the ranks have met (a failure injection may end the
+  // process there, while the peers are inside the step).
+  std::function<void(int64_t step)> at_step_start;
+  // Called after every step, before its checks.
+  std::function<void(const WorkerStep&)> on_step;
+};
+
+struct WorkerResult {
+  int rank = 0, P = 1;
+  int64_t steps_run = 0;
+  double device_ms = 0;                 // summed over the steps run
+  uint64_t sent = 0, received = 0;      // the communicator's bytes over the steps run
+  CommVolume expected;                  // SPEC 7.7 summed over the steps run
+  CheckStats rank_vs_cpu;               // verify: this rank against the same rank of the CPU run
+  CheckStats cpu_vs_references;         // verify: the CPU run against SPEC 7.8's references
+  // The first difference: the communicator's bytes against SPEC 7.7, then (verify) SPEC 7.8 on
+  // the CPU run, then this rank's link, latents, caches and ring against the CPU run's. The
+  // run stops after the step that found it.
+  std::optional<Mismatch> first_mismatch;
+};
+
+// Runs every step of `w` on rank comm.rank() of P = comm.size() with the state on cfg.device,
+// the ranks meeting (comm.barrier()) before each step so that a step's device time is its own and
+// not a wait for a peer still checking the previous step. E6/E8 as Simulation.
+WorkerResult run_worker_rank(const SimConfig& cfg, const Workload& w, Communicator& comm,
+                             const WorkerOptions& options = {});
 
 }  // namespace dsv41kv::pcp

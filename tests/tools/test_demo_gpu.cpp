@@ -1,8 +1,9 @@
-// `dsv41kv demo --device cuda`: the demo's per-step pipeline on the GPU (cuBLAS projection,
-// CUDA metadata, compress, insert, read-back gather): exit 0, every record read back within
-// its format's tolerance of the latents the GPU wrote, the same steps and write counts as the
-// CPU run (metadata is exact; only the projection's accumulation order differs, which moves
-// values but not which rows are written), and a GPU time per step.
+// `dsv41kv demo --device cuda`: the library's serving step on the GPU (cuBLAS projection, CUDA
+// metadata builders, compress, insert, read-back gather): exit 0, every record read back by the
+// library's rule against the latents the GPU wrote, the same steps and write counts as the CPU
+// run (which test_demo holds against the workload; metadata is exact and only the projection's
+// accumulation order differs, which moves values but not which rows are written), a GPU time per
+// step, and a read-back check that fails on the device too when the expectation is wrong.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -35,6 +36,9 @@ TEST_F(DemoGpu, DeviceCudaRunsAndReadsBackItsRecords) {
   EXPECT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.out.find("gpu ms"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("0 bad records"), std::string::npos) << t.out;
+  const CliRun m = run_cli("demo --device cuda --ratio 1 --format nvfp4_288 --mutation wrong-expectation", tmp);
+  EXPECT_EQ(m.code, 1) << m.out << m.err;
+  EXPECT_NE(m.err.find("nvfp4_288: token "), std::string::npos) << m.err;
 }
 
 }  // namespace

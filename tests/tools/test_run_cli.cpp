@@ -1,10 +1,15 @@
-// `dsv41kv run`: exit codes 0/1/2, the default --verify run, JSON output, E6, and the hidden
-// mutation switch that makes --verify exit 1 with the first difference.
+// `dsv41kv run`: exit codes 0/1/2, the default --verify run, JSON output, E6, the hidden
+// mutation switch that makes --verify exit 1 with the first difference, and the library's worker
+// loop that --launch local runs in each process.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "dsv41kv/comm.hpp"
+#include "dsv41kv/pcp_sim.hpp"
+#include "dsv41kv/test_seam.hpp"
 #include "support/cli.hpp"
 
 namespace {
@@ -101,4 +106,52 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   EXPECT_NE(top.out.find("seed 18446744073709551615,"), std::string::npos) << top.out;
   // P = 1 with speculative tokens is no PCP: allowed.
   EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2").code, 0);
+}
+
+// The worker loop behind `run --launch local` (pcp::run_worker_rank) with P ranks as threads on
+// the CPU: every step of every rank verified against the CPU run of all ranks, the communicator's
+// bytes equal to SPEC 7.7, and a broken step (the test seam) reported as the first difference.
+TEST(CliRun, WorkerLoopVerifiesEveryRank) {
+  using namespace dsv41kv;
+  pcp::WorkloadConfig wc;
+  wc.seed = 5;
+  wc.num_requests = 5;
+  wc.prompt_max = 40;
+  const pcp::Workload w = pcp::generate_workload(wc);
+  for (const bool broken : {false, true}) {
+    pcp::SimConfig sc;
+    if (broken) sc.fault = seam::PcpFault::kDropGatheredPredecessors;
+    constexpr int P = 2;
+    ThreadGroup group(P);
+    std::vector<pcp::WorkerResult> res(P);
+    std::vector<int64_t> seen(P, 0), started(P, 0);
+    group.run([&](Communicator& comm) {
+      const auto k = static_cast<size_t>(comm.rank());
+      pcp::WorkerOptions o;
+      o.verify = true;
+      o.at_step_start = [&, k](int64_t) { ++started[k]; };
+      o.on_step = [&, k](const pcp::WorkerStep& st) {
+        ++seen[k];
+        EXPECT_EQ(st.rank, static_cast<int>(k));
+      };
+      res[k] = pcp::run_worker_rank(sc, w, comm, o);
+    });
+    for (size_t k = 0; k < P; ++k) {
+      SCOPED_TRACE("rank " + std::to_string(k) + (broken ? " broken" : ""));
+      EXPECT_EQ(res[k].rank, static_cast<int>(k));
+      EXPECT_EQ(seen[k], res[k].steps_run);
+      EXPECT_EQ(started[k], res[k].steps_run);
+      EXPECT_EQ(res[k].sent, res[k].expected.sent());
+      EXPECT_EQ(res[k].received, res[k].expected.received());
+      if (!broken) {
+        EXPECT_FALSE(res[k].first_mismatch) << res[k].first_mismatch->to_string();
+        EXPECT_EQ(res[k].steps_run, static_cast<int64_t>(w.steps.size()));
+        EXPECT_GT(res[k].rank_vs_cpu.cache_bytes, 0u);
+        EXPECT_GT(res[k].cpu_vs_references.latent_elements, 0u);
+      } else {
+        ASSERT_TRUE(res[k].first_mismatch);
+        EXPECT_EQ(res[k].first_mismatch->tensor, "latent") << res[k].first_mismatch->to_string();
+      }
+    }
+  }
 }

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace dsv41kv::cli {
 
@@ -45,7 +46,8 @@ inline CLI::Validator finite_range(double lo, double hi) {
 void add_info(CLI::App& app, int& exit_code);
 void add_demo(CLI::App& app, int& exit_code);
 void add_conform(CLI::App& app, int& exit_code);
-void add_run(CLI::App& app, int& exit_code);
+// `command_line`: main's argc/argv, which `run --launch local` hands to its workers unchanged.
+void add_run(CLI::App& app, int& exit_code, std::vector<std::string> command_line);
 void add_nccl_check(CLI::App& app, int& exit_code);
 void add_bench(CLI::App& app, int& exit_code);
 

@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "commands.hpp"
 #include "dsv41kv/common.hpp"
@@ -16,7 +18,7 @@ int main(int argc, char** argv) {
   dsv41kv::cli::add_info(app, exit_code);
   dsv41kv::cli::add_demo(app, exit_code);
   dsv41kv::cli::add_conform(app, exit_code);
-  dsv41kv::cli::add_run(app, exit_code);
+  dsv41kv::cli::add_run(app, exit_code, std::vector<std::string>(argv, argv + argc));
   dsv41kv::cli::add_nccl_check(app, exit_code);
   dsv41kv::cli::add_bench(app, exit_code);
   try {

@@ -110,9 +110,7 @@ std::vector<int> parse_pcp(const std::string& s) {
 }
 
 std::vector<RecordFormat> parse_formats(const std::string& s) {
-  if (s == "all")
-    return {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288,
-            RecordFormat::PLAIN_BF16, RecordFormat::PLAIN_FP8};
+  if (s == "all") return {std::begin(kAllRecordFormats), std::end(kAllRecordFormats)};
   std::vector<RecordFormat> fs;
   for (const auto& part : split(s, ',')) fs.push_back(parse_record_format(part.c_str()));
   return fs;
@@ -134,7 +132,7 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
 }
 
 int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
-int launch_workers(const RunOptions& o, int P);
+int launch_workers(const RunOptions& o, int P, const std::vector<std::string>& command_line);
 
 // The machine's physical memory: the simulation's limit (SimConfig::max_host_bytes), so that a
 // workload too large for it is rejected (exit 2) before anything is allocated.
@@ -143,7 +141,7 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * static_cast<int64_t>(page) : 0;
 }
 
-int run_command(const RunOptions& o) {
+int run_command(const RunOptions& o, const std::vector<std::string>& command_line) {
   pcp::WorkloadConfig wc;
   wc.seed = o.seed;
   wc.num_requests = o.requests;
@@ -166,12 +164,7 @@ int run_command(const RunOptions& o) {
   sc.fault = seam::parse_fault(o.mutation);
 #endif
   const std::vector<int> ps = parse_pcp(o.pcp);
-  for (int P : ps)
-    if (P > 1 && o.num_spec > 0)
-      fail(ErrorCode::kPcpWithSpec,
-           fmt::format("--pcp {} with --num-speculative-tokens {}: PCP cannot be combined with "
-                       "speculative decoding: under PCP the ring keeps only the open row",
-                       P, o.num_spec));
+  for (int P : ps) pcp::check_pcp_speculation("run", P, o.num_spec);
   const pcp::Workload w = pcp::generate_workload(wc);
   const bool on_gpu = o.device == "cuda";
   if (on_gpu) {
@@ -209,7 +202,7 @@ int run_command(const RunOptions& o) {
                                      env->source));
       return run_worker(o, *env, sc, w);
     }
-    return launch_workers(o, ps[0]);
+    return launch_workers(o, ps[0], command_line);
   }
 
   int64_t total_tokens = 0;
@@ -323,7 +316,8 @@ int run_command(const RunOptions& o) {
   return any_mismatch ? 1 : 0;
 }
 
-// One worker of --launch local: rank env.rank of P over NCCL on GPU env.device.
+// One worker of --launch local: rank env.rank of P over NCCL on GPU env.device, run and verified
+// by the library (pcp::run_worker_rank); this prints its steps and verdict.
 int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc_in,
                     const pcp::Workload& w) {
   const int P = env.world, r = env.rank;
@@ -332,80 +326,48 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   pcp::SimConfig sc = sc_in;
   sc.device = Device::CUDA;
   sc.cuda_device = env.device;
-  pcp::Simulation mine(sc, w, P, /*with_reference=*/false, &nccl);
-  // The reference: every rank of the same workload on the CPU in this process (ThreadGroup),
-  // itself checked against the single-rank runs of SPEC 7.8 at every step.
-  std::unique_ptr<pcp::Simulation> ref;
-  if (o.verify) {
-    pcp::SimConfig rc = sc_in;
-    rc.device = Device::CPU;
-    ref = std::make_unique<pcp::Simulation>(rc, w, P, /*with_reference=*/true);
-  }
-  std::printf("rank %d/%d: GPU %d, NCCL %s, %lld steps%s\n", r, P, env.device, nccl_version_string().c_str(),
-              static_cast<long long>(mine.num_steps()),
-              o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
+  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s\n", r, P, env.device, nccl_version_string().c_str(),
+              w.steps.size(), o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
   std::printf("rank %d/%d: %4s %6s %6s %5s %9s %12s %12s %12s %12s %12s\n", r, P, "step", "tokens", "padded", "rows",
               "gpu ms", "nccl sent", "nccl recv", "expect sent", "expect recv", "kv all-gath");
   std::fflush(stdout);
-  pcp::CheckStats own, spec;
-  uint64_t tot_sent = 0, tot_recv = 0;
-  pcp::CommVolume tot_exp;
-  double tot_ms = 0;
-  std::optional<pcp::Mismatch> first;
-  int64_t steps_run = 0;
-  for (int64_t i = 0; i < mine.num_steps(); ++i) {
-    // The ranks meet before each step so that its GPU time is the step's, not the time this rank
-    // waits in the first collective for a peer still busy with the previous step's CPU check.
-    nccl.barrier();
-    // --kill-rank: after the barrier, so that the other ranks are inside the step (its
-    // all-gathers and the communicator's wait before the link comes back) when this one dies
-    if (r == o.kill_rank && i == kill_step(o))
-      comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
-    const pcp::StepReport rep = mine.run_step(i);
-    ++steps_run;
-    const size_t k = static_cast<size_t>(r);
-    const pcp::CommVolume& v = rep.volume[k];
-    tot_sent += rep.measured_sent[k];
-    tot_recv += rep.measured_received[k];
-    tot_exp += v;
-    tot_ms += rep.device_ms[k];
+  pcp::WorkerOptions wo;
+  wo.verify = o.verify;
+  // --kill-rank: after the ranks have met, so that the other ranks are inside the step (its
+  // all-gathers and the communicator's wait before the link comes back) when this one dies
+  wo.at_step_start = [&](int64_t i) {
+    if (r == o.kill_rank && i == kill_step(o)) comm::kill_self(env, fmt::format("at the start of step {}", i).c_str());
+  };
+  wo.on_step = [&](const pcp::WorkerStep& st) {
+    const pcp::StepReport& rep = st.report;
+    const pcp::CommVolume& v = st.expected;
     std::printf("rank %d/%d: %4lld %6lld %6lld %5lld %9.3f %12s %12s %12s %12s %12s\n", r, P,
                 static_cast<long long>(rep.step), static_cast<long long>(rep.num_tokens),
-                static_cast<long long>(rep.padded), static_cast<long long>(rep.num_rows), rep.device_ms[k],
-                human_bytes(rep.measured_sent[k]).c_str(), human_bytes(rep.measured_received[k]).c_str(),
-                human_bytes(v.sent()).c_str(), human_bytes(v.received()).c_str(),
-                v.replaced_received ? human_bytes(v.replaced_received).c_str() : "-");
-    if (rep.measured_sent[k] != v.sent() || rep.measured_received[k] != v.received()) {
-      if (!first)
-        first = pcp::Mismatch{i, r, "nccl counters",
-                              0,
-                              fmt::format("moved sent {} / received {} bytes, SPEC 7.7 expects {} / {}",
-                                          rep.measured_sent[k], rep.measured_received[k], v.sent(), v.received())};
-    }
-    if (ref) {
-      ref->run_step(i);
-      if (auto mm = ref->check_step(&spec); mm && !first) first = mm;
-      if (auto mm = mine.compare_rank(*ref, &own); mm && !first) first = mm;
-    }
+                static_cast<long long>(rep.padded), static_cast<long long>(rep.num_rows), st.device_ms,
+                human_bytes(st.sent).c_str(), human_bytes(st.received).c_str(), human_bytes(v.sent()).c_str(),
+                human_bytes(v.received()).c_str(), v.replaced_received ? human_bytes(v.replaced_received).c_str() : "-");
     std::fflush(stdout);
-    if (first) break;
-  }
+  };
+  const pcp::WorkerResult res = pcp::run_worker_rank(sc, w, nccl, wo);
+  const int64_t n = res.steps_run;
   std::printf("rank %d/%d: total over %lld steps: gpu %.3f ms (%.3f ms/step), NCCL moved sent %s received %s "
               "(SPEC 7.7: %s / %s); replaced kv_score all-gather %s\n",
-              r, P, static_cast<long long>(steps_run), tot_ms, steps_run ? tot_ms / static_cast<double>(steps_run) : 0.0,
-              human_bytes(tot_sent).c_str(), human_bytes(tot_recv).c_str(), human_bytes(tot_exp.sent()).c_str(),
-              human_bytes(tot_exp.received()).c_str(),
-              tot_exp.replaced_received ? human_bytes(tot_exp.replaced_received).c_str() : "- (ratio 1)");
-  if (first) {
-    std::printf("rank %d/%d: verify: DIFFERENCE at %s\n", r, P, first->to_string().c_str());
+              r, P, static_cast<long long>(n), res.device_ms, n ? res.device_ms / static_cast<double>(n) : 0.0,
+              human_bytes(res.sent).c_str(), human_bytes(res.received).c_str(), human_bytes(res.expected.sent()).c_str(),
+              human_bytes(res.expected.received()).c_str(),
+              res.expected.replaced_received ? human_bytes(res.expected.replaced_received).c_str() : "- (ratio 1)");
+  if (res.first_mismatch) {
+    std::printf("rank %d/%d: verify: DIFFERENCE at %s\n", r, P, res.first_mismatch->to_string().c_str());
     std::fflush(stdout);
     return 1;
   }
+  const pcp::CheckStats& own = res.rank_vs_cpu;
+  const pcp::CheckStats& spec = res.cpu_vs_references;
   if (o.verify)
     std::printf("rank %d/%d: verify: identical at all %lld steps: this rank (GPU, NCCL) == the same rank of the CPU "
                 "run (latents %llu elements, caches %llu bytes, ring %llu floats, link %llu entries), and the CPU "
                 "run == the single-rank references (SPEC 7.8: latents %llu, caches %llu bytes, rings %llu floats)\n",
-                r, P, static_cast<long long>(steps_run), static_cast<unsigned long long>(own.latent_elements),
+                r, P, static_cast<long long>(n), static_cast<unsigned long long>(own.latent_elements),
                 static_cast<unsigned long long>(own.cache_bytes), static_cast<unsigned long long>(own.ring_floats),
                 static_cast<unsigned long long>(own.link_entries),
                 static_cast<unsigned long long>(spec.latent_elements),
@@ -429,7 +391,7 @@ int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimCo
   ::_exit(code);
 }
 
-int launch_workers(const RunOptions& o, int P) {
+int launch_workers(const RunOptions& o, int P, const std::vector<std::string>& command_line) {
   if (!nccl_available()) {
     std::fprintf(stderr, "dsv41kv: run --launch local: this build has no NCCL (%s): configure with CUDA and NCCL "
                          "(DSV41KV_NCCL=ON), or run the ranks in one process (no --launch)\n",
@@ -448,20 +410,10 @@ int launch_workers(const RunOptions& o, int P) {
   lo.rendezvous = o.rendezvous;
   lo.failure_grace = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)) + std::chrono::seconds(10);
   lo.max_runtime = std::chrono::milliseconds(static_cast<int64_t>(o.max_runtime_s * 1000));
-  lo.argv = {comm::self_executable(), "run", "--pcp", std::to_string(P), "--device", "cuda", "--launch", "local",
-             "--timeout", fmt::format("{}", o.timeout_s), "--steps", std::to_string(o.steps),
-             "--requests", std::to_string(o.requests), "--prompt-len", o.prompt_len, "--start", o.start,
-             "--decode-steps", std::to_string(o.decode_steps), "--chunk-budget", std::to_string(o.chunk_budget),
-             "--max-num-seqs", std::to_string(o.max_num_seqs), "--decode-placement", o.placement,
-             "--seed", std::to_string(o.seed), "--format", o.format, "--ratio", std::to_string(o.ratio),
-             "--null-fraction", fmt::format("{}", o.null_fraction), "--graph-pad", std::to_string(o.graph_pad),
-             "--states-per-page", std::to_string(o.states_per_page),
-             "--num-speculative-tokens", std::to_string(o.num_spec), "--mutation", o.mutation};
-  if (o.verify) lo.argv.push_back("--verify");
-  if (o.kill_rank >= 0)
-    for (const std::string& a : {std::string("--kill-rank"), std::to_string(o.kill_rank), std::string("--kill-at-step"),
-                                 std::to_string(kill_step(o))})
-      lo.argv.push_back(a);
+  // The workers get this process's command line as it was given (they recognise themselves by
+  // the launcher's environment); only the program path is made absolute.
+  lo.argv = command_line;
+  lo.argv.at(0) = comm::self_executable();
   std::printf("run: launching %d worker(s), one per GPU, NCCL %s, rendezvous %s, timeout %g s\n", P,
               nccl_version_string().c_str(), o.rendezvous.c_str(), o.timeout_s);
   std::fflush(stdout);
@@ -473,7 +425,7 @@ int launch_workers(const RunOptions& o, int P) {
 
 }  // namespace
 
-void add_run(CLI::App& app, int& exit_code) {
+void add_run(CLI::App& app, int& exit_code, std::vector<std::string> command_line) {
   auto* cmd = app.add_subcommand(
       "run", "multi-step PCP serving simulation: per-step communication volume; --verify checks SPEC 7.8 "
              "against the single-rank run (exit 1 on a difference)");
@@ -522,7 +474,7 @@ void add_run(CLI::App& app, int& exit_code) {
       ->check(CLI::Range(-1, 63))->capture_default_str();
   cmd->add_option("--kill-at-step", o.kill_at_step, "--kill-rank: ... at the start of this step (default 0)")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  cmd->callback([&exit_code] { exit_code = run_command(o); });
+  cmd->callback([&exit_code, line = std::move(command_line)] { exit_code = run_command(o, line); });
 }
 
 }  // namespace dsv41kv::cli
