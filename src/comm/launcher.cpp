@@ -1,5 +1,5 @@
 // Local launcher (see launcher.hpp): fork/execve P workers, poll them, contain failures.
-#include "comm/launcher.hpp"
+#include "dsv41kv/launcher.hpp"
 
 #include <fmt/format.h>
 #include <signal.h>

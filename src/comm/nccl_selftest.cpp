@@ -1,6 +1,6 @@
 // One rank of `dsv41kv nccl-check` (see nccl_selftest.hpp). The GPU part needs
 // DSV41KV_WITH_NCCL; the host-only part (rendezvous, kill) is always built.
-#include "comm/nccl_selftest.hpp"
+#include "dsv41kv/nccl_selftest.hpp"
 
 #include <fmt/format.h>
 #include <signal.h>

@@ -11,7 +11,7 @@
 #include <optional>
 #include <sstream>
 
-#include "comm/launcher.hpp"
+#include "dsv41kv/launcher.hpp"
 #include "dsv41kv/common.hpp"
 #include "support/cli.hpp"
 

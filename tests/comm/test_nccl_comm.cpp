@@ -8,7 +8,7 @@
 #include <functional>
 #include <thread>
 
-#include "comm/nccl_selftest.hpp"
+#include "dsv41kv/nccl_selftest.hpp"
 #include "dsv41kv/nccl_comm.hpp"
 
 #if defined(DSV41KV_WITH_NCCL)

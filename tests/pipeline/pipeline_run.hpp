@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include "compressor/compress_math.hpp"
+#include "formats/compress_math.hpp"
 #include "dsv41kv/buffer.hpp"
 #include "dsv41kv/cache.hpp"
 #include "dsv41kv/config.hpp"
@@ -36,7 +36,7 @@
 #include "dsv41kv/pipeline.hpp"
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/rope.hpp"
-#include "pipeline/workload_facts.hpp"
+#include "support/workload_facts.hpp"
 #include "support/batch.hpp"
 #include "support/canary.hpp"
 #include "support/compare.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "dsv41kv/pcp_sim.hpp"
-#include "pipeline/workload_facts.hpp"
+#include "support/workload_facts.hpp"
 #include "support/cli.hpp"
 #include "support/paths.hpp"
 

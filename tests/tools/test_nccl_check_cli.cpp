@@ -11,7 +11,7 @@
 #include <set>
 #include <string>
 
-#include "comm/nccl_selftest.hpp"
+#include "dsv41kv/nccl_selftest.hpp"
 #include "dsv41kv/nccl_comm.hpp"
 #include "support/paths.hpp"
 

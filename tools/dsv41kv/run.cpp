@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "comm/launcher.hpp"
-#include "comm/nccl_selftest.hpp"
+#include "dsv41kv/launcher.hpp"
+#include "dsv41kv/nccl_selftest.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/nccl_comm.hpp"

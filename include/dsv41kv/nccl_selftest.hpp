@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/launcher.hpp"
+#include "dsv41kv/launcher.hpp"
 
 namespace dsv41kv::comm {
 
