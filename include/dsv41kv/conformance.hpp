@@ -99,13 +99,4 @@ FileResult run_file(const std::string& path, const Options& options = {});
 // "r2 c5 random0          v4_584     PASS  records 121/121 byte-identical (100.0%), from-reference-latent: identical"
 std::vector<std::string> report(const FileResult& r);
 
-// Decoded value of dimension d of one state and the size of one quantization step there
-// (exposed for tests). `page` is the page base (packed formats) or the row (plain formats).
-struct DecodedValue {
-  double value = 0.0;
-  double step = 0.0;
-};
-DecodedValue decode_with_step(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d,
-                              float fp8_scale);
-
 }  // namespace dsv41kv::conformance

@@ -196,7 +196,7 @@ class KvSourceLayer {
 // gather (bf16 bits), holds `expected`, the fp32 value the record's writer was given (the latent
 // on dims 0..447, its RoPE rotation on 448..511): exactly bf16(expected) where the format stores
 // bf16 (plain bf16 rows, the 584 record's RoPE dims), otherwise within one quantization step of
-// the stored value (conformance::decode_with_step). `page` as for decode_with_step: the page base
+// the stored value (rec::decode_with_step). `page` as for decode_with_step: the page base
 // of a packed format, the row of a plain one.
 bool reads_back(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d, float fp8_scale, uint16_t read,
                 float expected);

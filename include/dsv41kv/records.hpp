@@ -220,5 +220,19 @@ DSV41KV_HD uint16_t read_plain_fp8(const uint8_t* row, int d, float sigma) {
   return num::bf16_encode(num::mul_rn(num::e4m3_decode(row[d]), sigma));
 }
 
+// ---------------------------------------------------------------- decoded values with their step (host)
+
+// The spacing of bf16 values at |x| (8 significant bits; 2^-133 below 2^-126), NaN for non-finite x.
+double bf16_spacing(double x);
+// The value of dimension d of state r (exactly, in binary64) and one quantization step of its
+// format there: the unit in the last place of its e4m3 or e2m1 code times the tile scale, or the
+// bf16 spacing for bf16-stored values. `page` is the page base (packed formats) or the row
+// (plain formats); fp8_scale: sigma of plain fp8 rows. The tests and oracles judge records with it.
+struct DecodedValue {
+  double value = 0.0;
+  double step = 0.0;
+};
+DecodedValue decode_with_step(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d, float fp8_scale);
+
 }  // namespace rec
 }  // namespace dsv41kv

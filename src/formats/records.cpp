@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace dsv41kv {
 namespace {
@@ -95,4 +97,78 @@ void validate_cache(const CacheView& c, const char* arg) {
     invalid_argument(fmt::format("{}: fp8_scale = {}, expected a finite value > 0", arg, c.fp8_scale));
 }
 
+namespace rec {
+namespace {
+
+double e4m3_ulp(uint8_t q) {
+  const int e = (q >> 3) & 0xF;
+  return e == 0 ? std::ldexp(1.0, -9) : std::ldexp(1.0, e - 10);
+}
+// (bf16 spacing: 8 significant bits, 2^-133 below 2^-126)
+double bf16_spacing_of(double x) {
+  if (!std::isfinite(x)) return std::numeric_limits<double>::quiet_NaN();
+  if (std::fabs(x) < 0x1p-126) return 0x1p-133;
+  int e = 0;
+  std::frexp(x, &e);  // |x| = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - 8);
+}
+double e2m1_step(uint8_t nib) {
+  const int m = nib & 7;
+  return m <= 3 ? 0.5 : (m <= 5 ? 1.0 : 2.0);
+}
+double ue8m0(uint8_t s) { return s == 255 ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, s - 127); }
+
+}  // namespace
+
+double bf16_spacing(double x) { return bf16_spacing_of(x); }
+
+DecodedValue decode_with_step(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d, float fp8_scale) {
+  DecodedValue out;
+  switch (f) {
+    case RecordFormat::V4_584: {
+      const uint8_t* val = page + V4Layout::value_offset(S, r);
+      if (d >= kNopeDim) {
+        const int i = d - kNopeDim;
+        const auto b = static_cast<uint16_t>(val[kNopeDim + 2 * i] | (val[kNopeDim + 2 * i + 1] << 8));
+        out.value = num::bf16_decode(b);
+        out.step = bf16_spacing(out.value);
+      } else {
+        const double sc = ue8m0(page[V4Layout::scale_offset(S, r) + d / 64]);
+        out.value = num::e4m3_decode(val[d]) * sc;
+        out.step = e4m3_ulp(val[d]) * sc;
+      }
+      break;
+    }
+    case RecordFormat::MXFP8_528: {
+      const uint8_t q = page[Mxfp8Layout::value_offset(S, r) + d];
+      const double sc = ue8m0(page[Mxfp8Layout::scale_offset(S, r) + d / 32]);
+      out.value = num::e4m3_decode(q) * sc;
+      out.step = e4m3_ulp(q) * sc;
+      break;
+    }
+    case RecordFormat::NVFP4_288: {
+      const uint8_t b = page[Nvfp4Layout::value_offset(S, r) + d / 2];
+      const uint8_t nib = (d & 1) ? (b >> 4) : (b & 0xF);
+      const double sc = num::e4m3_decode(page[Nvfp4Layout::scale_offset(S, r) + d / 16]);
+      out.value = num::e2m1_decode(nib) * sc;
+      out.step = e2m1_step(nib) * sc;
+      break;
+    }
+    case RecordFormat::PLAIN_BF16: {
+      const auto b = static_cast<uint16_t>(page[2 * d] | (page[2 * d + 1] << 8));
+      out.value = num::bf16_decode(b);
+      out.step = bf16_spacing(out.value);
+      break;
+    }
+    case RecordFormat::PLAIN_FP8: {
+      const uint8_t q = page[d];
+      out.value = static_cast<double>(num::e4m3_decode(q)) * fp8_scale;
+      out.step = e4m3_ulp(q) * fp8_scale;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace rec
 }  // namespace dsv41kv

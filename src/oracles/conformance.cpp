@@ -210,81 +210,14 @@ class Staging {
   Device device_;
 };
 
-// ---------------------------------------------------------------- decoding
-
-double e4m3_ulp(uint8_t q) {
-  const int e = (q >> 3) & 0xF;
-  return e == 0 ? std::ldexp(1.0, -9) : std::ldexp(1.0, e - 10);
-}
-// The spacing of bf16 values at |x| (8 significant bits; subnormal spacing 2^-133 below 2^-126).
-double ulp_bf16(double x) {
-  if (!std::isfinite(x)) return std::numeric_limits<double>::quiet_NaN();
-  if (std::fabs(x) < 0x1p-126) return 0x1p-133;
-  int e = 0;
-  std::frexp(x, &e);  // |x| = m * 2^e, m in [0.5, 1)
-  return std::ldexp(1.0, e - 8);
-}
-double e2m1_step(uint8_t nib) {
-  const int m = nib & 7;
-  return m <= 3 ? 0.5 : (m <= 5 ? 1.0 : 2.0);
-}
-double ue8m0(uint8_t s) { return s == 255 ? std::numeric_limits<double>::quiet_NaN() : std::ldexp(1.0, s - 127); }
-
 }  // namespace
 
 bool element_agrees(double a, double b) {
   if (a == b || (std::isnan(a) && std::isnan(b))) return true;
   if (!std::isfinite(a) || !std::isfinite(b)) return false;
-  return std::fabs(a - b) <= kLatentAtol + std::max(kLatentRtol * std::fabs(b), ulp_bf16(b));
+  return std::fabs(a - b) <= kLatentAtol + std::max(kLatentRtol * std::fabs(b), rec::bf16_spacing(b));
 }
 
-DecodedValue decode_with_step(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d, float fp8_scale) {
-  DecodedValue out;
-  switch (f) {
-    case RecordFormat::V4_584: {
-      const uint8_t* val = page + V4Layout::value_offset(S, r);
-      if (d >= kNopeDim) {
-        const int i = d - kNopeDim;
-        const auto b = static_cast<uint16_t>(val[kNopeDim + 2 * i] | (val[kNopeDim + 2 * i + 1] << 8));
-        out.value = num::bf16_decode(b);
-        out.step = ulp_bf16(out.value);
-      } else {
-        const double sc = ue8m0(page[V4Layout::scale_offset(S, r) + d / 64]);
-        out.value = num::e4m3_decode(val[d]) * sc;
-        out.step = e4m3_ulp(val[d]) * sc;
-      }
-      break;
-    }
-    case RecordFormat::MXFP8_528: {
-      const uint8_t q = page[Mxfp8Layout::value_offset(S, r) + d];
-      const double sc = ue8m0(page[Mxfp8Layout::scale_offset(S, r) + d / 32]);
-      out.value = num::e4m3_decode(q) * sc;
-      out.step = e4m3_ulp(q) * sc;
-      break;
-    }
-    case RecordFormat::NVFP4_288: {
-      const uint8_t b = page[Nvfp4Layout::value_offset(S, r) + d / 2];
-      const uint8_t nib = (d & 1) ? (b >> 4) : (b & 0xF);
-      const double sc = num::e4m3_decode(page[Nvfp4Layout::scale_offset(S, r) + d / 16]);
-      out.value = num::e2m1_decode(nib) * sc;
-      out.step = e2m1_step(nib) * sc;
-      break;
-    }
-    case RecordFormat::PLAIN_BF16: {
-      const auto b = static_cast<uint16_t>(page[2 * d] | (page[2 * d + 1] << 8));
-      out.value = num::bf16_decode(b);
-      out.step = ulp_bf16(out.value);
-      break;
-    }
-    case RecordFormat::PLAIN_FP8: {
-      const uint8_t q = page[d];
-      out.value = static_cast<double>(num::e4m3_decode(q)) * fp8_scale;
-      out.step = e4m3_ulp(q) * fp8_scale;
-      break;
-    }
-  }
-  return out;
-}
 
 bool CaseResult::pass() const {
   if (!error.empty() || !latent.pass) return false;
@@ -356,8 +289,8 @@ void check_format(const FileMeta& m, RecordFormat f, const std::vector<int64_t>&
     }
     bool beyond = false;
     for (int d = 0; d < kLatentDim && !beyond; ++d) {
-      const DecodedValue a = decode_with_step(f, op, m.S, r, d, fp8_scale);
-      const DecodedValue b = decode_with_step(f, rp, m.S, r, d, fp8_scale);
+      const rec::DecodedValue a = rec::decode_with_step(f, op, m.S, r, d, fp8_scale);
+      const rec::DecodedValue b = rec::decode_with_step(f, rp, m.S, r, d, fp8_scale);
       if (f == RecordFormat::PLAIN_BF16) {
         beyond = !element_agrees(a.value, b.value);
         if (beyond && out.detail.empty())

@@ -1,5 +1,5 @@
-// The read-back rule and WriteAudit (pipeline.hpp). The quantization step of a stored value is
-// the conformance runner's decode_with_step (a format-level decoder that lives with the oracles).
+// The read-back rule and WriteAudit (pipeline.hpp). The quantization step of a stored value is the
+// formats layer's rec::decode_with_step (records.hpp).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -7,7 +7,7 @@
 
 #include "core/validate.hpp"
 #include "dsv41kv/cache.hpp"
-#include "dsv41kv/conformance.hpp"
+#include "dsv41kv/records.hpp"
 #include "dsv41kv/pipeline.hpp"
 
 namespace dsv41kv::pipeline {
@@ -22,7 +22,7 @@ bool reads_back(RecordFormat f, const uint8_t* page, int64_t S, int64_t r, int d
     detail::bad_arg(op, "r", fmt::format("state {} of a page of {} states, expected 0 <= r < S", r, S));
   const bool stores_bf16 = f == RecordFormat::PLAIN_BF16 || (f == RecordFormat::V4_584 && d >= kNopeDim);
   if (stores_bf16) return read == num::bf16_encode(expected);
-  const conformance::DecodedValue v = conformance::decode_with_step(f, page, S, r, d, fp8_scale);
+  const rec::DecodedValue v = rec::decode_with_step(f, page, S, r, d, fp8_scale);
   return std::fabs(static_cast<double>(num::bf16_decode(read)) - static_cast<double>(expected)) <= v.step;
 }
 

@@ -192,26 +192,26 @@ TEST(Conformance, DecodeWithStep) {
   uint8_t row[1024] = {};
   row[0] = 0xC0;
   row[1] = 0x3F;
-  auto v = conformance::decode_with_step(RecordFormat::PLAIN_BF16, row, 1, 0, 0, 1.0f);
+  auto v = rec::decode_with_step(RecordFormat::PLAIN_BF16, row, 1, 0, 0, 1.0f);
   EXPECT_EQ(v.value, 1.5);
   EXPECT_EQ(v.step, 1.0 / 128);
   // plain fp8: e4m3 0x38 = 1.0, step 1/8, scaled by sigma
   row[3] = 0x38;
-  v = conformance::decode_with_step(RecordFormat::PLAIN_FP8, row, 1, 0, 3, 2.0f);
+  v = rec::decode_with_step(RecordFormat::PLAIN_FP8, row, 1, 0, 3, 2.0f);
   EXPECT_EQ(v.value, 2.0);
   EXPECT_EQ(v.step, 0.25);
   // 528: value byte 0x40 (= 2.0) with UE8M0 scale 2^-3 (byte 124) in tile 0
   std::vector<uint8_t> page(2 * 528, 0);
   page[0] = 0x40;
   page[2 * 512] = 124;
-  v = conformance::decode_with_step(RecordFormat::MXFP8_528, page.data(), 2, 0, 0, 1.0f);
+  v = rec::decode_with_step(RecordFormat::MXFP8_528, page.data(), 2, 0, 0, 1.0f);
   EXPECT_EQ(v.value, 0.25);
   EXPECT_EQ(v.step, 0.25 / 8);
   // 288: nibble 7 (= 6) with e4m3 scale 0x38 (= 1.0): step 2
   std::vector<uint8_t> p4(288, 0);
   p4[0] = 0x70;  // dim 1 = nibble 7, dim 0 = 0
   p4[256] = 0x38;
-  v = conformance::decode_with_step(RecordFormat::NVFP4_288, p4.data(), 1, 0, 1, 1.0f);
+  v = rec::decode_with_step(RecordFormat::NVFP4_288, p4.data(), 1, 0, 1, 1.0f);
   EXPECT_EQ(v.value, 6.0);
   EXPECT_EQ(v.step, 2.0);
 }

@@ -124,7 +124,7 @@ TEST(PipelineCpu, ReadsBackRule) {
     for (int d = 0; d < kLatentDim; ++d) {
       const float want = d < kNopeDim ? x[d] : y[d];
       ASSERT_TRUE(pipeline::reads_back(f, base, S, r, d, cv.fp8_scale, back[static_cast<size_t>(d)], want)) << "dim " << d;
-      const conformance::DecodedValue v = conformance::decode_with_step(f, base, S, r, d, cv.fp8_scale);
+      const rec::DecodedValue v = rec::decode_with_step(f, base, S, r, d, cv.fp8_scale);
       const bool bf16_stored = f == RecordFormat::PLAIN_BF16 || (f == RecordFormat::V4_584 && d >= kNopeDim);
       // the next bf16 value away from the read one: beyond an exact bf16 store, inside a
       // quantized one's step only when that step is wider than a bf16 ulp
