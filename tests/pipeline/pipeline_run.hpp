@@ -90,10 +90,13 @@ class PipelineRun {
       std::vector<int64_t> need;
       int64_t total = 0, width = 1;
       for (const auto& q : w_.requests) {
+        // a null-block request gets no pages, but its block-table row (all null) must still be
+        // as wide as its positions reach (a logical page beyond the row is an E8)
         const int64_t last = q.start + q.prompt_len + q.decode_steps - 1;
-        need.push_back(q.null_block ? 0 : group_state(last, r) / L.S + 1);
+        const int64_t pages = group_state(last, r) / L.S + 1;
+        need.push_back(q.null_block ? 0 : pages);
         total += need.back();
-        width = std::max(width, need.back());
+        width = std::max(width, pages);
       }
       std::vector<int32_t> ids(static_cast<size_t>(total));
       for (int64_t i = 0; i < total; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>(i + 1);
