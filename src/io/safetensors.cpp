@@ -1,6 +1,8 @@
 // Safetensors reader and writer (see include/dsv41kv/safetensors.hpp).
 #include "dsv41kv/safetensors.hpp"
 
+#include "core/file.hpp"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
@@ -167,24 +169,7 @@ std::string TensorInfo::describe() const { return fmt::format("{}{}", dtype_name
 // ---------------------------------------------------------------- file I/O
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(ErrorCode::kIo, fmt::format("cannot open '{}': {}", path, std::strerror(errno)));
-  std::vector<uint8_t> buf;
-  struct stat stt {};
-  if (fstat(fileno(f), &stt) == 0 && S_ISREG(stt.st_mode)) buf.reserve(static_cast<size_t>(stt.st_size));
-  if (S_ISDIR(stt.st_mode)) {
-    std::fclose(f);
-    fail(ErrorCode::kIo, fmt::format("cannot read '{}': it is a directory", path));
-  }
-  uint8_t chunk[1 << 16];
-  for (;;) {
-    const size_t n = std::fread(chunk, 1, sizeof chunk, f);
-    buf.insert(buf.end(), chunk, chunk + n);
-    if (n < sizeof chunk) break;
-  }
-  const bool err = std::ferror(f) != 0;
-  std::fclose(f);
-  if (err) fail(ErrorCode::kIo, fmt::format("error reading '{}'", path));
+  std::vector<uint8_t> buf = detail::read_file_bytes(path);
   if (is_gzip(buf)) return gunzip(buf, path);
   return buf;
 }

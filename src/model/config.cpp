@@ -8,7 +8,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "dsv41kv/safetensors.hpp"  // read_file
+#include "core/file.hpp"
 
 namespace dsv41kv {
 namespace {
@@ -295,7 +295,7 @@ ModelConfig parse_model_config(std::string_view text, const std::string& src) {
 }
 
 ModelConfig load_model_config(const std::string& path) {
-  const auto bytes = st::read_file(path);
+  const auto bytes = detail::read_file_bytes(path);
   return parse_model_config(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
 }
 
