@@ -14,6 +14,7 @@
 #include "dsv41kv/records.hpp"
 #include "core/validate.hpp"
 #include "metadata/backend.hpp"
+#include "metadata/slots.hpp"
 
 namespace dsv41kv {
 namespace {
@@ -215,7 +216,7 @@ void build_ring_slots(const RingSlotArgs& a, const ExecContext& ctx) {
       continue;
     }
     const int64_t b = table_at(a.ring_block_table, t2r[t], 0);
-    out[t] = b <= 0 ? -1 : b * a.cap + pos[t] % a.cap;
+    out[t] = detail::slot_in_page(b, a.cap, pos[t] % a.cap);
   }
 }
 
@@ -264,7 +265,7 @@ void build_token_slots(const TokenSlotArgs& a, const ExecContext& ctx) {
       continue;
     }
     const int64_t pg = table_at(a.block_table, t2r[t], pos[t] / a.page);
-    out[t] = pg <= 0 ? -1 : pg * a.page + pos[t] % a.page;
+    out[t] = detail::slot_in_page(pg, a.page, pos[t] % a.page);
   }
 }
 
@@ -332,7 +333,7 @@ void build_compressed_slots(const CompressedSlotArgs& a, const ExecContext& ctx)
     if (t < a.num_actual_tokens && gets_slot(t)) {
       const int64_t s = pos[t] / r;
       const int64_t pg = table_at(a.block_table, t2r[t], s / S);
-      if (pg > 0) v = pg * S + s % S;
+      v = detail::slot_in_page(pg, S, s % S);
     }
     out[t] = v;
   }

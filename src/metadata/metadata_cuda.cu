@@ -6,6 +6,7 @@
 // valid inputs every output is bit-identical to the CPU builders.
 #include "core/cuda/cuda_util.hpp"
 #include "metadata/backend.hpp"
+#include "metadata/slots.hpp"
 #include "dsv41kv/records.hpp"
 
 namespace dsv41kv::detail::cuda {
@@ -63,10 +64,10 @@ __global__ void ring_slots_kernel(const int32_t* __restrict__ t2r, const int64_t
     const int64_t p = pos[t];
     if (j >= 0 && j < bt.rows && p >= 0) {
       const int64_t b = bt.at(j, 0);
-      if (b > 0 && (num_blocks < 0 || b < num_blocks)) {
+      if (num_blocks < 0 || b < num_blocks) {
         int64_t q, r;
         divmod(p, cap, q, r);
-        v = b * cap + r;
+        v = slot_in_page(b, cap, r);
       }
     }
   }
@@ -87,7 +88,7 @@ __global__ void token_slots_kernel(const int32_t* __restrict__ t2r, const int64_
       divmod(p, page, lp, off);
       if (lp < bt.cols) {
         const int64_t pg = bt.at(j, lp);
-        if (pg > 0 && (num_pages < 0 || pg < num_pages)) v = pg * page + off;
+        if (num_pages < 0 || pg < num_pages) v = slot_in_page(pg, page, off);
       }
     }
   }
@@ -112,7 +113,7 @@ __global__ void compressed_slots_kernel(const int32_t* __restrict__ t2r,
       divmod(s, S, lp, off);
       if (lp < bt.cols) {
         const int64_t pg = bt.at(j, lp);
-        if (pg > 0 && (num_pages < 0 || pg < num_pages)) v = pg * S + off;
+        if (num_pages < 0 || pg < num_pages) v = slot_in_page(pg, S, off);
       }
     }
   }
