@@ -39,12 +39,11 @@ void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
 }  // namespace cpu
 
-#if defined(DSV41KV_WITH_CUDA)
+// (defined in CUDA builds only: core/dispatch.hpp calls them only there)
 namespace cuda {
 void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
 void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
 }  // namespace cuda
-#endif
 
 }  // namespace dsv41kv::detail

@@ -44,12 +44,11 @@ void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const 
                      const ExecContext& ctx);
 }  // namespace cpu
 
-#if defined(DSV41KV_WITH_CUDA)
+// (defined in CUDA builds only: core/dispatch.hpp calls them only there)
 namespace cuda {
 void compress(const CompressArgs& a, const CompressPlan& p, const ExecContext& ctx);
 void compress_insert(const CompressInsertArgs& a, const CompressPlan& cp, const InsertPlan& ip,
                      const ExecContext& ctx);
 }  // namespace cuda
-#endif
 
 }  // namespace dsv41kv::detail

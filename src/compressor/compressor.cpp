@@ -5,25 +5,16 @@
 // for CUDA views only dtypes/shapes/strides/devices are checked, and the CUDA kernels skip
 // (write nothing for) any index that is out of range.
 #include "compressor/backend.hpp"
-#include "core/validate.hpp"
+#include "core/dispatch.hpp"
 
 namespace dsv41kv {
 
 void compress(const CompressArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "compress");
   const detail::CompressPlan p = detail::plan_compress(args);
-  if (p.device == Device::CPU) {
-    detail::check_compress_values(args, p, "compress");
-    if (p.N == 0) return;
-    detail::cpu::compress(args, p, ctx);
-    return;
-  }
-#if defined(DSV41KV_WITH_CUDA)
-  if (p.N == 0) return;
-  detail::cuda::compress(args, p, ctx);
-#else
-  detail::no_cuda("compress");
-#endif
+  detail::dispatch(
+      "compress", p.device, p.N == 0, [&] { detail::check_compress_values(args, p, "compress"); },
+      [&] { detail::cpu::compress(args, p, ctx); }, [&] { detail::cuda::compress(args, p, ctx); });
 }
 
 void compress_insert(const CompressInsertArgs& args, const ExecContext& ctx) {
@@ -31,19 +22,14 @@ void compress_insert(const CompressInsertArgs& args, const ExecContext& ctx) {
   detail::CompressPlan cp;
   detail::InsertPlan ip;
   detail::plan_compress_insert(args, cp, ip);
-  if (cp.device == Device::CPU) {
-    detail::check_compress_values(args.compress, cp, "compress_insert");
-    detail::check_insert_values("compress_insert", detail::insert_half(args), ip);
-    if (cp.N == 0) return;
-    detail::cpu::compress_insert(args, cp, ip, ctx);
-    return;
-  }
-#if defined(DSV41KV_WITH_CUDA)
-  if (cp.N == 0) return;
-  detail::cuda::compress_insert(args, cp, ip, ctx);
-#else
-  detail::no_cuda("compress_insert");
-#endif
+  detail::dispatch(
+      "compress_insert", cp.device, cp.N == 0,
+      [&] {
+        detail::check_compress_values(args.compress, cp, "compress_insert");
+        detail::check_insert_values("compress_insert", detail::insert_half(args), ip);
+      },
+      [&] { detail::cpu::compress_insert(args, cp, ip, ctx); },
+      [&] { detail::cuda::compress_insert(args, cp, ip, ctx); });
 }
 
 }  // namespace dsv41kv

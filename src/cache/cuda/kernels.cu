@@ -89,24 +89,12 @@ __global__ void __launch_bounds__(256) save_ring_rows_kernel(const SaveRowsParam
 
 void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream) {
   if (p.N <= 0) return;
-  switch (f) {
-    case RecordFormat::V4_584: launch_insert_f<kV4>(p, stream); break;
-    case RecordFormat::MXFP8_528: launch_insert_f<kMx>(p, stream); break;
-    case RecordFormat::NVFP4_288: launch_insert_f<kNv>(p, stream); break;
-    case RecordFormat::PLAIN_BF16: launch_insert_f<kBf16>(p, stream); break;
-    case RecordFormat::PLAIN_FP8: launch_insert_f<kFp8>(p, stream); break;
-  }
+  with_record_format(f, [&](auto F) { launch_insert_f<F()>(p, stream); });
 }
 
 void launch_gather(RecordFormat f, const GatherParams& p, cudaStream_t stream) {
   if (p.M <= 0) return;
-  switch (f) {
-    case RecordFormat::V4_584: launch_gather_f<kV4>(p, stream); break;
-    case RecordFormat::MXFP8_528: launch_gather_f<kMx>(p, stream); break;
-    case RecordFormat::NVFP4_288: launch_gather_f<kNv>(p, stream); break;
-    case RecordFormat::PLAIN_BF16: launch_gather_f<kBf16>(p, stream); break;
-    case RecordFormat::PLAIN_FP8: launch_gather_f<kFp8>(p, stream); break;
-  }
+  with_record_format(f, [&](auto F) { launch_gather_f<F()>(p, stream); });
 }
 
 void launch_save_ring_rows(const SaveRowsParams& p, cudaStream_t stream) {

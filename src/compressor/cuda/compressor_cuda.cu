@@ -110,20 +110,14 @@ CompressParams make_compress_params(const CompressArgs& a, const CompressPlan& p
   return k;
 }
 
+// f: kNoRecord (compress only) or a record format (the fused compress_insert).
 void launch_compress_format(int f, const CompressParams& k, int ratio, const ExecContext& ctx) {
   const cudaStream_t st = as_stream(ctx.stream);
   const bool pdl = ctx.programmatic_launch;
   static const CompressTuning kDefault{};
   const CompressTuning& tn = ctx.compress_tuning != nullptr ? *ctx.compress_tuning : kDefault;
-  switch (f) {
-    case kNoRecord: launch_compress<kNoRecord>(k, ratio, st, pdl, tn); break;
-    case kV4: launch_compress<kV4>(k, ratio, st, pdl, tn); break;
-    case kMx: launch_compress<kMx>(k, ratio, st, pdl, tn); break;
-    case kNv: launch_compress<kNv>(k, ratio, st, pdl, tn); break;
-    case kBf16: launch_compress<kBf16>(k, ratio, st, pdl, tn); break;
-    case kFp8: launch_compress<kFp8>(k, ratio, st, pdl, tn); break;
-    default: invalid_argument("compress_insert: cache.format: unknown record format");
-  }
+  if (f == kNoRecord) launch_compress<kNoRecord>(k, ratio, st, pdl, tn);
+  else with_record_format(static_cast<RecordFormat>(f), [&](auto F) { launch_compress<F()>(k, ratio, st, pdl, tn); });
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "core/cuda/memory.cuh"
 #include "core/fast_divmod.hpp"
@@ -26,6 +28,20 @@ inline constexpr int kMx = static_cast<int>(RecordFormat::MXFP8_528);
 inline constexpr int kNv = static_cast<int>(RecordFormat::NVFP4_288);
 inline constexpr int kBf16 = static_cast<int>(RecordFormat::PLAIN_BF16);
 inline constexpr int kFp8 = static_cast<int>(RecordFormat::PLAIN_FP8);
+
+// The one switch from a run-time record format to the kernels' template parameter (host code):
+// fn(std::integral_constant<int, F>{}) with F the format's selector.
+template <class Fn>
+void with_record_format(RecordFormat f, Fn&& fn) {
+  switch (f) {
+    case RecordFormat::V4_584: fn(std::integral_constant<int, kV4>{}); return;
+    case RecordFormat::MXFP8_528: fn(std::integral_constant<int, kMx>{}); return;
+    case RecordFormat::NVFP4_288: fn(std::integral_constant<int, kNv>{}); return;
+    case RecordFormat::PLAIN_BF16: fn(std::integral_constant<int, kBf16>{}); return;
+    case RecordFormat::PLAIN_FP8: fn(std::integral_constant<int, kFp8>{}); return;
+  }
+  invalid_argument("record format: unknown value " + std::to_string(static_cast<int>(f)));
+}
 
 // ---------------------------------------------------------------- RoPE in the writer layout
 
