@@ -40,7 +40,7 @@ DSV41KV_HD float rms_inverse(float sum, float eps) {
   const float r = num::sqrt_rn(num::add_rn(var, eps));
 #if defined(__CUDA_ARCH__)
   // the correctly rounded reciprocal: the same value as div_rn(1, r) for every r (both are
-  // RN(1 / r); checked for every float by FastMathGpu.ReciprocalEqualsDivision), without the
+  // RN(1 / r); checked for every float by CompressMathGpu.ReciprocalEqualsDivision), without the
   // general division's extra steps
   return __frcp_rn(r);
 #else

@@ -1,4 +1,4 @@
-// The ratio-1 streaming kernel's work split (compressor/cuda_kernels.hpp), checked on the host
+// The ratio-1 streaming kernel's work split (compressor/cuda/params.hpp), checked on the host
 // (these tests need no GPU): for every grid the launcher can pick, the warps' shares
 // (stream_share with the host's N / W and N % W) cover the tokens [0, N) exactly once, in
 // order, and no share exceeds one chunk (the kernel's chunk loop runs once per warp).

@@ -1,6 +1,6 @@
-// CUDA metadata builders and the device PCP link vs the CPU (SPEC 0.4 item 2: bit-identical
-// metadata and link outputs), on fresh random batches; plus the shipped conformance files run
-// through the CUDA path with the README's agreement rules.
+// CUDA metadata builders vs the CPU (SPEC 0.4 item 2: bit-identical metadata), on fresh random
+// batches. The device PCP link is checked in tests/pcp/test_link_gpu.cpp and the shipped
+// conformance files in tests/oracles/test_conformance_gpu.cpp.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -164,7 +164,5 @@ TEST_F(MetadataGpu, RingSlotExample) {
   EXPECT_EQ(dout.download(), (std::vector<int64_t>{45, 46, 47, 23, 16, -1, -1, -1, -1, -1}));
 }
 
-// The shipped conformance files through the CUDA path (SPEC 10.3 agreement rules; the runner
-// copies the inputs to the GPU and runs compress + insert there).
 }  // namespace
 }  // namespace dsv41kv::test

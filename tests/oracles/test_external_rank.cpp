@@ -2,7 +2,7 @@
 // exercised on the CPU: P Simulations, each running only its rank over one ThreadGroup
 // communicator, must equal the same rank of an all-rank run byte for byte (compare_rank), the
 // comparison must catch a broken step, and the device-buffer ThreadGroup still gathers host
-// buffers (its device path is in tests/gpu/test_pcp_run_gpu.cpp).
+// buffers (its device path is in tests/oracles/test_pcp_sim_gpu.cpp).
 // GCC 12 reports a false -Wmaybe-uninitialized inside SimConfig's default formats list here.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <gtest/gtest.h>

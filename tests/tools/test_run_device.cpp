@@ -1,6 +1,6 @@
 // `dsv41kv run --device cuda` / `--launch local` and `demo --device cuda` where they cannot run:
 // without a GPU (or NCCL) they exit 2 with a message naming the reason; bad combinations of
-// flags exit 2. (With a GPU, tests/gpu/test_pcp_run_gpu.cpp runs them.)
+// flags exit 2. (With a GPU, tests/oracles/test_pcp_sim_gpu.cpp and tests/tools/test_run_gpu.cpp run them.)
 #include <gtest/gtest.h>
 
 #include <string>
@@ -12,7 +12,7 @@ namespace dsv41kv::test {
 namespace {
 
 TEST(RunDevice, CudaWithoutGpuExits2WithTheReason) {
-  if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: tests/gpu covers --device cuda";
+  if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: test_gpu (RunCliGpu) covers --device cuda";
   TempDir tmp;
   for (const std::string args : {"run --device cuda --verify --steps 2", "run --pcp 2 --device cuda --launch local",
                                  "demo --device cuda"}) {

@@ -240,7 +240,7 @@ void launch_compress(const CompressParams& p, int ratio, cudaStream_t stream, bo
 // The first `rows` ratio-1 kv rows (512 floats each, `row_stride` floats apart, 16-byte aligned,
 // row_stride % 16 == 0, rows in [1, 2^31)) as a TMA tensor map for the streaming kernel's row
 // copies: three dimensions {32 floats, 16 lines of 128 bytes, rows}, a box of one whole row, the
-// 128-byte swizzle (RowSwizzled in cuda_compress.cuh). Encoded on the host (the driver's
+// 128-byte swizzle (RowSwizzled in warp_program.cuh). Encoded on the host (the driver's
 // cuTensorMapEncodeTiled, through the runtime's entry-point query: no libcuda link), no device
 // work; passed by value as a kernel parameter, so graph capture records it with the launch.
 // Error(kCuda) when the driver refuses (not expected for validated arguments). Only for devices

@@ -49,7 +49,7 @@ __device__ __forceinline__ float4 ld4_early(const float* p) {
 #undef DSV41KV_LDQ
 
 // L2 evict-first policy for kv rows that a kernel reads once (see kRowsEvictFirst in
-// cuda_compress.cuh), and a 16-byte load with an L2 policy.
+// compressor/cuda/warp_program.cuh), and a 16-byte load with an L2 policy.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t pol;

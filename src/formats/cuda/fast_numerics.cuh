@@ -261,7 +261,7 @@ __device__ __forceinline__ uint8_t ue8m0_thread(const float (&v)[E], float amax,
 // zero) and f16 -> f32 is exact; 2-3 instructions instead of the software decode's ~17 with a
 // branch, on the NVFP4 writer's dependent chain (amax -> scale byte -> decoded scale ->
 // thresholds). Checked against the software decode for every such byte
-// (FastMathGpu.HardwareE4m3DecodeEqualsSoftwareOnEveryFiniteByte).
+// (FastNumericsGpu.HardwareE4m3DecodeEqualsSoftwareOnEveryFiniteByte).
 DSV41KV_HD float e4m3_decode_finite(uint8_t b) {
 #if defined(DSV41KV_CUDA_SOFT_FP8) || !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ < 890)
   return num::e4m3_decode(b);
