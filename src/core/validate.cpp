@@ -108,16 +108,25 @@ int64_t need_vector(const char* op, const TensorView& v, const char* arg, DType 
   return v.shape[0];
 }
 
-void need_matrix(const char* op, const TensorView& v, const char* arg, DType dt, const char* what) {
-  need_present(op, v, arg, what);
-  need_dtype(op, v, arg, dt);
-  need_ndim(op, v, arg, 2);
+namespace {
+
+// A 2-D view's elements in rows: contiguous inside a row, rows that do not overlap.
+void need_row_major(const char* op, const TensorView& v, const char* arg) {
   if (v.shape[1] > 1 && v.stride[1] != 1)
     bad_arg(op, arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[1], v.describe()));
   if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
     bad_arg(op, arg,
             fmt::format("row stride {}, expected >= {} (rows must not overlap; {})", v.stride[0], v.shape[1],
                         v.describe()));
+}
+
+}  // namespace
+
+void need_matrix(const char* op, const TensorView& v, const char* arg, DType dt, const char* what) {
+  need_present(op, v, arg, what);
+  need_dtype(op, v, arg, dt);
+  need_ndim(op, v, arg, 2);
+  need_row_major(op, v, arg);
   need_data(op, v, arg);
 }
 
@@ -152,12 +161,7 @@ void need_block_table(const char* op, const TensorView& v, const char* arg, cons
   need_ndim(op, v, arg, 2);
   if (v.shape[1] < 1)
     bad_arg(op, arg, fmt::format("shape [{}, {}], expected [num_reqs >= 0, >= 1] ({})", v.shape[0], v.shape[1], what));
-  if (v.shape[1] > 1 && v.stride[1] != 1)
-    bad_arg(op, arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[1], v.describe()));
-  if (v.shape[0] > 1 && v.stride[0] < v.shape[1])
-    bad_arg(op, arg,
-            fmt::format("row stride {}, expected >= {} (rows must not overlap; {})", v.stride[0], v.shape[1],
-                        v.describe()));
+  need_row_major(op, v, arg);
   if (v.shape[0] > 0 && v.data == nullptr)
     bad_arg(op, arg, fmt::format("data pointer is null for {} rows", v.shape[0]));
 }

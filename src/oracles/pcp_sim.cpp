@@ -606,6 +606,19 @@ struct Checker {
   void note(int rank, std::string tensor, int64_t index, std::string detail) {
     if (!first) first = Mismatch{step, rank, std::move(tensor), index, std::move(detail)};
   }
+  // One latent row (kLatentDim bf16) against its expected value: counts the elements that
+  // differ and returns the first one's dim, or -1 when the rows are identical.
+  int64_t latent_row(const uint16_t* got, const uint16_t* want) {
+    st.latent_elements += kLatentDim;
+    if (std::memcmp(got, want, kLatentDim * 2) == 0) return -1;
+    int64_t d0 = -1;
+    for (int d = 0; d < kLatentDim; ++d)
+      if (got[d] != want[d]) {
+        ++st.latent_mismatched;
+        if (d0 < 0) d0 = d;
+      }
+    return d0;
+  }
   // Byte comparison of two buffers; counts and records the first difference.
   template <class T>
   void compare(const std::vector<T>& got, const std::vector<T>& want, int rank, const std::string& tensor,
@@ -720,16 +733,10 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
       const bool valid = r == 2 ? rs.ring_slots[static_cast<size_t>(i)] >= 0 : m.gathered_cslots[static_cast<size_t>(row)] >= 0;
       if (!valid) continue;
       const int64_t src = plan.gathered_source[static_cast<size_t>(row)];
-      ck.st.latent_elements += kLatentDim;
       const uint16_t* got = rs.latent.data() + i * kLatentDim;
       const uint16_t* want = m.ref.latent_tail.data() + src * kLatentDim;
-      if (std::memcmp(got, want, kLatentDim * 2) == 0) continue;
-      int64_t d0 = -1;
-      for (int d = 0; d < kLatentDim; ++d)
-        if (got[d] != want[d]) {
-          ++ck.st.latent_mismatched;
-          if (d0 < 0) d0 = d;
-        }
+      const int64_t d0 = ck.latent_row(got, want);
+      if (d0 < 0) continue;
       ck.note(k, "latent", i * kLatentDim + d0,
               fmt::format("local token {} (request {}, position {}) dim {}: 0x{:04x} vs single-rank 0x{:04x}",
                           i, m.sreqs[static_cast<size_t>(plan.gathered_req[static_cast<size_t>(row)])].id, p, d0,
@@ -830,16 +837,10 @@ std::optional<Mismatch> Simulation::compare_rank(const Simulation& other, CheckS
                              ? rs.ring_slots[static_cast<size_t>(i)] >= 0
                              : m.gathered_cslots[static_cast<size_t>(k * plan.padded + i)] >= 0;
       if (!valid) continue;
-      ck.st.latent_elements += kLatentDim;
       const uint16_t* got = rs.latent.data() + i * kLatentDim;
       const uint16_t* want = os.latent.data() + i * kLatentDim;
-      if (std::memcmp(got, want, kLatentDim * 2) == 0) continue;
-      int64_t d0 = -1;
-      for (int d = 0; d < kLatentDim; ++d)
-        if (got[d] != want[d]) {
-          ++ck.st.latent_mismatched;
-          if (d0 < 0) d0 = d;
-        }
+      const int64_t d0 = ck.latent_row(got, want);
+      if (d0 < 0) continue;
       ck.note(k, "latent", i * kLatentDim + d0,
               fmt::format("local token {} (position {}) dim {}: 0x{:04x} vs 0x{:04x}", i, p, d0, got[d0], want[d0]));
     }
