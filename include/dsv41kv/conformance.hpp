@@ -83,12 +83,32 @@ struct CaseResult {
   bool pass() const;
 };
 
+// One check of a read-path case (ops sparse_decode, sparse_prefill, indexer_topk): one report
+// line, e.g. the attention output, its lse, or the indexer's q8, w, top-k, candidates.
+struct ReadCheck {
+  std::string what;     // "out", "lse", "q8", "w", "topk", "candidates"
+  bool pass = false;
+  std::string summary;  // what was compared and the figures (errors, counts)
+  std::string detail;   // first failure, empty when passing
+};
+
+struct ReadCaseResult {
+  int index = 0;         // i of the c{i}. tensors
+  std::string name;
+  std::string error;     // the op threw on the case's inputs (the case is one failed check)
+  std::vector<ReadCheck> checks;
+  bool pass() const;
+};
+
 struct FileResult {
   std::string path;
-  int ratio = 0;
-  std::vector<CaseResult> cases;
+  std::string op;        // the file's `op`
+  int ratio = 0;         // compress_insert files
+  std::vector<CaseResult> cases;           // compress_insert files
+  std::vector<ReadCaseResult> read_cases;  // read-path files
   std::string dump_path;  // set when Options::dump_dir was given
-  int64_t checks() const;  // lines of report(): per case, the latent line + 5 format lines
+  int64_t checks() const;  // lines of report(): per compress_insert case the latent line + 5 format
+                           // lines; per read-path case one line per check (one for an error)
   int64_t failed() const;
 };
 

@@ -16,15 +16,18 @@
 #include "dsv41kv/compressor.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/safetensors.hpp"
-
-#if defined(DSV41KV_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
+#include "oracles/conformance_file.hpp"
 
 namespace dsv41kv::conformance {
 namespace {
 
-using json = nlohmann::json;
+using detail::bad_file;
+using detail::json;
+using detail::need;
+using detail::need_int;
+using detail::need_num;
+using detail::need_tensor;
+using detail::Staging;
 using st::SafetensorsFile;
 using st::StDType;
 
@@ -32,10 +35,6 @@ constexpr uint16_t kLatentCanary = 0x7FC0;  // bf16 NaN: latents before the step
 
 // element_agrees's bound as the report and failure details name it.
 std::string latent_rule() { return fmt::format("{} + max({} |ref|, 1 bf16 ulp)", kLatentAtol, kLatentRtol); }
-
-[[noreturn]] void bad_file(const std::string& path, const std::string& what) {
-  fail(ErrorCode::kFormat, fmt::format("conformance file '{}': {}", path, what));
-}
 
 // ---------------------------------------------------------------- metadata
 
@@ -56,35 +55,8 @@ struct FileMeta {
   std::vector<CaseMeta> cases;
 };
 
-const json& need(const json& j, const char* key, const std::string& path, std::string_view where) {
-  const auto it = j.find(key);
-  if (it == j.end() || it->is_null())
-    bad_file(path, fmt::format("metadata {}has no key '{}'", where, key));
-  return *it;
-}
-int64_t need_int(const json& j, const char* key, const std::string& path, std::string_view where = "",
-                 int64_t lo = 0, int64_t hi = std::numeric_limits<int64_t>::max()) {
-  const json& v = need(j, key, path, where);
-  if (!v.is_number_integer())
-    bad_file(path, fmt::format("metadata {}'{}' is {}, expected an integer", where, key, v.dump()));
-  const int64_t x = v.get<int64_t>();
-  if (x < lo || x > hi)
-    bad_file(path, fmt::format("metadata {}'{}' is {}, expected {} .. {}", where, key, x, lo, hi));
-  return x;
-}
-double need_num(const json& j, const char* key, const std::string& path) {
-  const json& v = need(j, key, path, "");
-  if (!v.is_number()) bad_file(path, fmt::format("metadata '{}' is {}, expected a number", key, v.dump()));
-  return v.get<double>();
-}
-
-FileMeta parse_meta(const SafetensorsFile& f) {
+FileMeta parse_meta(const SafetensorsFile& f, const json& j) {
   const std::string& path = f.source();
-  if (!f.metadata().count("dsv41")) bad_file(path, "__metadata__ has no key 'dsv41'");
-  const json j = json::parse(f.metadata("dsv41"), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) bad_file(path, "__metadata__ 'dsv41' is not a JSON object");
-  const json& op = need(j, "op", path, "");
-  if (op != "compress_insert") bad_file(path, fmt::format("metadata 'op' is {}, expected \"compress_insert\"", op.dump()));
   FileMeta m;
   m.ratio = static_cast<int>(need_int(j, "compress_ratio", path, "", 1, 2));
   m.eps = need_num(j, "rms_norm_eps", path);
@@ -101,12 +73,10 @@ FileMeta parse_meta(const SafetensorsFile& f) {
   const json& al = need(j, "record_page_align", path, "");
   for (RecordFormat fm : {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::NVFP4_288})
     m.align[static_cast<int>(fm)] = need_int(al, record_info(fm).name, path, "record_page_align.", 1, 1 << 24);
-  const json& cases = need(j, "cases", path, "");
-  if (!cases.is_array()) bad_file(path, "metadata 'cases' is not a list");
+  const json& cases = detail::need_cases(j, path);
   for (size_t i = 0; i < cases.size(); ++i) {
     const json& c = cases[i];
     const std::string where = fmt::format("cases[{}].", i);
-    if (!c.is_object()) bad_file(path, fmt::format("metadata {} is not an object", where));
     CaseMeta cm;
     const json& nm = need(c, "name", path, where);
     cm.name = nm.is_string() ? nm.get<std::string>() : nm.dump();
@@ -126,90 +96,6 @@ int64_t page_stride_of(const FileMeta& m, RecordFormat f) {
   return round_up(m.S * ri.record_bytes, m.align[static_cast<int>(f)]);
 }
 
-// Tensor checks: dtype and shape (a shape entry < 0 is "at least -entry").
-const st::TensorInfo& need_tensor(const SafetensorsFile& f, const std::string& name, StDType dt,
-                                  std::vector<int64_t> shape) {
-  if (!f.has(name)) bad_file(f.source(), fmt::format("has no tensor '{}'", name));
-  const st::TensorInfo& ti = f.info(name);
-  bool ok = ti.dtype == dt && ti.shape.size() == shape.size();
-  for (size_t i = 0; ok && i < shape.size(); ++i)
-    ok = shape[i] >= 0 ? ti.shape[i] == shape[i] : ti.shape[i] >= -shape[i];
-  if (!ok) {
-    std::string want = "[";
-    for (size_t i = 0; i < shape.size(); ++i)
-      want += (i ? ", " : "") + (shape[i] >= 0 ? std::to_string(shape[i]) : ">= " + std::to_string(-shape[i]));
-    bad_file(f.source(), fmt::format("tensor '{}' is {}, expected {}{}]", name, ti.describe(), st::dtype_name(dt), want));
-  }
-  return ti;
-}
-
-// ---------------------------------------------------------------- device staging
-
-// Host buffers stay the source of truth; on CUDA every view gets a device copy and outputs are
-// copied back by download().
-class Staging {
- public:
-  explicit Staging(Device d) : device_(d) {
-#if !defined(DSV41KV_WITH_CUDA)
-    if (d == Device::CUDA) fail(ErrorCode::kInvalidArgument, "--device cuda: dsv41kv was built without CUDA");
-#endif
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-  ~Staging() {
-#if defined(DSV41KV_WITH_CUDA)
-    for (auto& b : bufs_) cudaFree(b.dev);
-#endif
-  }
-  void* put(const void* host, size_t bytes, bool output) {
-    if (device_ == Device::CPU) return const_cast<void*>(host);
-#if defined(DSV41KV_WITH_CUDA)
-    void* dev = nullptr;
-    check(cudaMalloc(&dev, std::max<size_t>(bytes, 1)), "cudaMalloc");
-    bufs_.push_back({const_cast<void*>(host), dev, bytes, output});
-    if (bytes) check(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
-    return dev;
-#else
-    (void)bytes;
-    (void)output;
-    return nullptr;
-#endif
-  }
-  TensorView view(const TensorView& host, bool output = false) {
-    TensorView v = host;
-    if (device_ == Device::CPU) return v;
-    int64_t span = v.numel() > 0 ? 1 : 0;
-    for (int i = 0; i < v.ndim && span > 0; ++i)
-      span += (v.shape[static_cast<size_t>(i)] - 1) * v.stride[static_cast<size_t>(i)];
-    v.data = put(host.data, static_cast<size_t>(span) * dtype_size(host.dtype), output);
-    v.device = device_;
-    return v;
-  }
-  void download() {
-#if defined(DSV41KV_WITH_CUDA)
-    if (device_ == Device::CPU) return;
-    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-    for (auto& b : bufs_)
-      if (b.output && b.bytes) check(cudaMemcpy(b.host, b.dev, b.bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
-#endif
-  }
-
- private:
-#if defined(DSV41KV_WITH_CUDA)
-  static void check(cudaError_t e, const char* what) {
-    if (e != cudaSuccess) fail(ErrorCode::kCuda, fmt::format("conform: {} failed: {}", what, cudaGetErrorString(e)));
-  }
-  struct Buf {
-    void* host;
-    void* dev;
-    size_t bytes;
-    bool output;
-  };
-  std::vector<Buf> bufs_;
-#endif
-  Device device_;
-};
-
 }  // namespace
 
 bool element_agrees(double a, double b) {
@@ -226,9 +112,27 @@ bool CaseResult::pass() const {
   return formats.size() == static_cast<size_t>(kNumRecordFormats);
 }
 
-int64_t FileResult::checks() const { return static_cast<int64_t>(cases.size()) * (1 + kNumRecordFormats); }
+bool ReadCaseResult::pass() const {
+  if (!error.empty() || checks.empty()) return false;
+  for (const auto& c : checks)
+    if (!c.pass) return false;
+  return true;
+}
+
+int64_t FileResult::checks() const {
+  int64_t n = static_cast<int64_t>(cases.size()) * (1 + kNumRecordFormats);
+  for (const auto& c : read_cases) n += c.error.empty() ? static_cast<int64_t>(c.checks.size()) : 1;
+  return n;
+}
 int64_t FileResult::failed() const {
   int64_t n = 0;
+  for (const auto& c : read_cases) {
+    if (!c.error.empty()) {
+      ++n;
+      continue;
+    }
+    for (const auto& k : c.checks) n += !k.pass;
+  }
   for (const auto& c : cases) {
     n += !(c.error.empty() && c.latent.pass);
     for (int i = 0; i < kNumRecordFormats; ++i)
@@ -327,12 +231,12 @@ void check_format(const FileMeta& m, RecordFormat f, const std::vector<int64_t>&
 
 std::string percent(int64_t a, int64_t b) { return b == 0 ? "n/a" : fmt::format("{:.1f}%", 100.0 * a / b); }
 
-}  // namespace
-
-FileResult run_file(const std::string& path, const Options& opt) {
-  const SafetensorsFile f = SafetensorsFile::load(path);
-  const FileMeta m = parse_meta(f);
+// op compress_insert (SPEC 10.3).
+FileResult run_compress_insert(const SafetensorsFile& f, const json& j, const Options& opt) {
+  const std::string& path = f.source();
+  const FileMeta m = parse_meta(f, j);
   FileResult res;
+  res.op = "compress_insert";
   res.path = path;
   res.ratio = m.ratio;
   const int R = m.ratio;
@@ -342,9 +246,8 @@ FileResult run_file(const std::string& path, const Options& opt) {
   const float fp8_scale = f.copy_as<float>("fp8_scale")[0];
   const ExecContext ctx{nullptr, opt.num_threads};
 
-  st::SafetensorsWriter dump;
-  const bool dumping = !opt.dump_dir.empty();
-  std::set<std::string> replaced;
+  detail::Dump dump(opt, f);
+  const bool dumping = dump.on();
 
   for (size_t ci = 0; ci < m.cases.size(); ++ci) {
     const CaseMeta& cm = m.cases[ci];
@@ -572,7 +475,6 @@ FileResult run_file(const std::string& path, const Options& opt) {
                 fc.from_reference_identical;
       if (dumping) {
         dump.add(tname, st::from_dtype(record_info(fm).element), f.info(tname).shape, ours[ufi]);
-        replaced.insert(tname);
       }
       cr.formats.push_back(std::move(fc));
     }
@@ -581,29 +483,57 @@ FileResult run_file(const std::string& path, const Options& opt) {
                std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(latent.data()), latent.size() * 2));
       dump.add(p + "ring_out", StDType::F32, {ring_floats},
                std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(ring.data()), ring.size() * 4));
-      replaced.insert(p + "latent_out");
-      replaced.insert(p + "ring_out");
     }
     res.cases.push_back(std::move(cr));
   }
 
-  if (dumping) {
-    for (const auto& name : f.names())
-      if (!replaced.count(name)) dump.add_from(f, name);
-    for (const auto& [k, v] : f.metadata()) dump.set_metadata(k, v);
-    std::error_code ec;
-    std::filesystem::create_directories(opt.dump_dir, ec);
-    if (ec) fail(ErrorCode::kIo, fmt::format("--dump: cannot create directory '{}': {}", opt.dump_dir, ec.message()));
-    std::string base = std::filesystem::path(path).filename().string();
-    if (base.size() > 3 && base.compare(base.size() - 3, 3, ".gz") == 0) base.resize(base.size() - 3);
-    res.dump_path = (std::filesystem::path(opt.dump_dir) / base).string();
-    dump.write(res.dump_path);
-  }
+  res.dump_path = dump.finish();
   return res;
+}
+
+}  // namespace
+
+namespace detail {
+// The runner of each op a conformance file may name.
+struct OpRunner {
+  const char* op;
+  FileResult (*run)(const SafetensorsFile&, const json&, const Options&);
+};
+constexpr OpRunner kRunners[] = {
+    {"compress_insert", run_compress_insert},
+};
+}  // namespace detail
+
+FileResult run_file(const std::string& path, const Options& opt) {
+  const SafetensorsFile f = SafetensorsFile::load(path);
+  const json j = detail::dsv41_metadata(f);
+  const json& op = need(j, "op", path, "");
+  std::string names;
+  for (const detail::OpRunner& r : detail::kRunners) {
+    if (op.is_string() && op.get<std::string>() == r.op) {
+      FileResult res = r.run(f, j, opt);
+      res.path = path;
+      return res;
+    }
+    names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", r.op);
+  }
+  bad_file(path, fmt::format("metadata 'op' is {}, expected one of {}", op.dump(), names));
 }
 
 std::vector<std::string> report(const FileResult& r) {
   std::vector<std::string> lines;
+  for (const ReadCaseResult& c : r.read_cases) {
+    const std::string prefix = fmt::format("{} c{} {:<16}", r.op, c.index, c.name);
+    if (!c.error.empty()) {
+      lines.push_back(fmt::format("{} {:<10} FAIL  {}", prefix, "error", c.error));
+      continue;
+    }
+    for (const ReadCheck& k : c.checks) {
+      std::string t = fmt::format("{} {:<10} {}  {}", prefix, k.what, k.pass ? "PASS" : "FAIL", k.summary);
+      if (!k.pass && !k.detail.empty()) t += "; first: " + k.detail;
+      lines.push_back(std::move(t));
+    }
+  }
   for (const CaseResult& c : r.cases) {
     const std::string prefix = fmt::format("r{} c{} {:<16}", c.ratio, c.index, c.name);
     const LatentCheck& l = c.latent;
