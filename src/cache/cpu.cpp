@@ -8,6 +8,7 @@
 
 #include "cache/backend.hpp"
 #include "core/parallel.hpp"
+#include "formats/rope_bf16.hpp"
 
 namespace dsv41kv::detail::cpu {
 
@@ -19,6 +20,31 @@ void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
   io.slot = a.slots.ptr<const int64_t>();
   io.cache = a.cache;
   insert_rows_cpu(io, p.ratio, p.N, ctx);
+}
+
+// SPEC 5.4: the insert of SPEC 5.1 with ratio 1 (the one insert loop), then the queries of every
+// token (SPEC 9.2), each (token, head) row by one thread.
+void swa_insert_q_rope(const SwaInsertArgs& a, const SwaInsertPlan& p, const ExecContext& ctx) {
+  InsertRows io;
+  io.latent = a.kv.ptr<const uint16_t>();
+  io.pos = a.positions.ptr<const int64_t>();
+  io.table = a.rope_table.ptr<const float>();
+  io.slot = a.slot_swa.ptr<const int64_t>();
+  io.cache = a.cache;
+  insert_rows_cpu(io, kSwaInsertRatio, p.insert.N, ctx);
+
+  const auto* q = a.q.ptr<const uint16_t>();
+  auto* out = a.q_out.ptr<uint16_t>();
+  parallel_for(p.insert.N, ctx, 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const float* trow = io.table + io.pos[t] * kRopeDim;
+      for (int64_t h = 0; h < p.heads; ++h)
+        rope_bf16(q + t * p.q_token_stride + h * p.q_head_stride, out + t * p.out_token_stride + h * p.out_head_stride,
+                  kLatentDim, trow, RopeDirection::kForward);
+      for (int64_t h = p.heads; h < p.heads_out; ++h)
+        std::memset(out + t * p.out_token_stride + h * p.out_head_stride, 0, sizeof(uint16_t) * kLatentDim);
+    }
+  });
 }
 
 // SPEC 5.3: out[i] = decode(state at slots[i]) for slots[i] >= 0.
