@@ -12,25 +12,28 @@
 
 namespace dsv41kv::detail::cpu {
 
-void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
+namespace {
+// The CPU insert rows of validated views.
+InsertRows rows_of(const TensorView& latent, const TensorView& positions, const TensorView& table,
+                   const TensorView& slots, const CacheView& cache) {
   InsertRows io;
-  io.latent = a.latent.ptr<const uint16_t>();
-  io.pos = a.positions.ptr<const int64_t>();
-  io.table = a.rope_table.ptr<const float>();
-  io.slot = a.slots.ptr<const int64_t>();
-  io.cache = a.cache;
-  insert_rows_cpu(io, p.ratio, p.N, ctx);
+  io.latent = latent.ptr<const uint16_t>();
+  io.pos = positions.ptr<const int64_t>();
+  io.table = table.ptr<const float>();
+  io.slot = slots.ptr<const int64_t>();
+  io.cache = cache;
+  return io;
+}
+}  // namespace
+
+void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
+  insert_rows_cpu(rows_of(a.latent, a.positions, a.rope_table, a.slots, a.cache), p.ratio, p.N, ctx);
 }
 
 // SPEC 5.4: the insert of SPEC 5.1 with ratio 1 (the one insert loop), then the queries of every
 // token (SPEC 9.2), each (token, head) row by one thread.
 void swa_insert_q_rope(const SwaInsertArgs& a, const SwaInsertPlan& p, const ExecContext& ctx) {
-  InsertRows io;
-  io.latent = a.kv.ptr<const uint16_t>();
-  io.pos = a.positions.ptr<const int64_t>();
-  io.table = a.rope_table.ptr<const float>();
-  io.slot = a.slot_swa.ptr<const int64_t>();
-  io.cache = a.cache;
+  const InsertRows io = rows_of(a.kv, a.positions, a.rope_table, a.slot_swa, a.cache);
   insert_rows_cpu(io, kSwaInsertRatio, p.insert.N, ctx);
 
   const auto* q = a.q.ptr<const uint16_t>();

@@ -29,9 +29,26 @@ using detail::table_at;
 
 constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
 
-// The views of a read-path builder are host views (`ref` names the view the others follow).
-void need_host(const char* op, const TensorView& ref) {
-  if (ref.device != Device::CPU) detail::no_cuda_backend(op);
+using NamedViews = std::initializer_list<std::pair<const TensorView*, const char*>>;
+
+// The head of every read-path builder: the exec context and qsl.
+void need_head(const char* op, const ExecContext& ctx, const TensorView& qsl) {
+  detail::check_exec_context(ctx, op);
+  need_vector(op, qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
+}
+
+// After the structural checks: every view on qsl's device, that device the host (no CUDA builders
+// yet), then the split, which reads qsl.
+DecodeSplit host_split(const char* op, const TensorView& qsl, int64_t num_spec, NamedViews views) {
+  for (const auto& [v, name] : views) need_device(op, *v, name, qsl.device, "qsl");
+  if (qsl.device != Device::CPU) detail::no_cuda_backend(op);
+  return split_decode_prefill(qsl, num_spec, op);
+}
+
+// A block table with a row for every decode request.
+void need_decode_rows(const char* op, const TensorView& table, const DecodeSplit& sp) {
+  if (table.shape[0] < sp.num_decodes)
+    bad_arg(op, "block_table", fmt::format("{} rows, expected at least num_decodes = {}", table.shape[0], sp.num_decodes));
 }
 
 // A persistent output pair: i32 rows [max_tokens, cols] and i32 lengths [max_tokens]; returns
@@ -129,8 +146,7 @@ DecodeSplit split_decode_prefill(const TensorView& qsl, int64_t num_speculative_
 
 DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
   static constexpr const char* op = "build_swa_window";
-  detail::check_exec_context(ctx, op);
-  need_vector(op, a.qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
+  need_head(op, ctx, a.qsl);
   const int64_t npos = need_vector(op, a.positions, "positions", DType::I64, "i64 [>= num_decode_tokens]");
   const int64_t nslot = need_vector(op, a.slot_swa, "slot_swa", DType::I64, "i64 [>= num_decode_tokens]");
   detail::need_block_table(op, a.block_table, "block_table", "i32 [num_reqs, max_pages] SWA pages");
@@ -138,19 +154,14 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
   if (a.page < 1 || a.page > kI32Max)
     bad_arg(op, "page", fmt::format("{}, expected 0 < tokens per page < 2^31", a.page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
-  for (const auto& [v, name] : {std::pair{&a.positions, "positions"}, {&a.slot_swa, "slot_swa"},
-                                {&a.block_table, "block_table"}, {&a.indices, "indices"}, {&a.lengths, "lengths"}})
-    need_device(op, *v, name, a.qsl.device, "qsl");
-  need_host(op, a.qsl);
-
-  const DecodeSplit sp = split_decode_prefill(a.qsl, a.num_speculative_tokens, op);
+  const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
+                                    {{&a.positions, "positions"}, {&a.slot_swa, "slot_swa"}, {&a.block_table, "block_table"},
+                                     {&a.indices, "indices"}, {&a.lengths, "lengths"}});
   const int64_t T = sp.num_decode_tokens;
   need_at_least(op, "lengths", max_tokens, T, "num_decode_tokens");
   need_at_least(op, "positions", npos, T, "num_decode_tokens");
   need_at_least(op, "slot_swa", nslot, T, "num_decode_tokens");
-  if (a.block_table.shape[0] < sp.num_decodes)
-    bad_arg(op, "block_table",
-            fmt::format("{} rows, expected at least num_decodes = {}", a.block_table.shape[0], sp.num_decodes));
+  need_decode_rows(op, a.block_table, sp);
   const std::span<const int32_t> q(a.qsl.ptr<const int32_t>(), static_cast<size_t>(a.qsl.shape[0]));
   const auto* pos = a.positions.ptr<const int64_t>();
   const auto* slot = a.slot_swa.ptr<const int64_t>();
@@ -183,19 +194,15 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
 
 DecodeSplit build_prefill_gather(const PrefillGatherArgs& a, const ExecContext& ctx) {
   static constexpr const char* op = "build_prefill_gather";
-  detail::check_exec_context(ctx, op);
-  need_vector(op, a.qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
+  need_head(op, ctx, a.qsl);
   const int64_t nseq = need_vector(op, a.seq_lens, "seq_lens", DType::I64, "i64 [>= num_reqs]");
   const int64_t n = need_vector(op, a.gather_lens, "gather_lens", DType::I64, "i64 [>= num_prefills] output");
   const int64_t ns = need_vector(op, a.gather_starts, "gather_starts", DType::I64, "i64 [>= num_prefills] output");
   if (ns != n)
     bad_arg(op, "gather_starts", fmt::format("{} entries, expected {} (the length of gather_lens)", ns, n));
-  for (const auto& [v, name] : {std::pair{&a.seq_lens, "seq_lens"}, {&a.gather_lens, "gather_lens"},
-                                {&a.gather_starts, "gather_starts"}})
-    need_device(op, *v, name, a.qsl.device, "qsl");
-  need_host(op, a.qsl);
-
-  const DecodeSplit sp = split_decode_prefill(a.qsl, a.num_speculative_tokens, op);
+  const DecodeSplit sp =
+      host_split(op, a.qsl, a.num_speculative_tokens,
+                 {{&a.seq_lens, "seq_lens"}, {&a.gather_lens, "gather_lens"}, {&a.gather_starts, "gather_starts"}});
   need_at_least(op, "seq_lens", nseq, sp.num_reqs, "num_reqs");
   need_at_least(op, "gather_lens", n, sp.num_prefills, "num_prefills");
   const auto* q = a.qsl.ptr<const int32_t>();
@@ -221,8 +228,7 @@ DecodeSplit build_prefill_gather(const PrefillGatherArgs& a, const ExecContext& 
 
 DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecContext& ctx) {
   static constexpr const char* op = "build_decode_topk_slots";
-  detail::check_exec_context(ctx, op);
-  need_vector(op, a.qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
+  need_head(op, ctx, a.qsl);
   const int64_t nslot = need_vector(op, a.slot_swa, "slot_swa", DType::I64, "i64 [>= num_decode_tokens]");
   detail::need_matrix(op, a.topk, "topk", DType::I32, "i32 [>= num_decode_tokens, K] compressed-entry indices");
   if (a.topk.shape[1] < 1) bad_arg(op, "topk", fmt::format("shape[1] = {}, expected K >= 1", a.topk.shape[1]));
@@ -232,19 +238,14 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
   if (a.states_per_page < 1 || a.states_per_page > kI32Max)
     bad_arg(op, "states_per_page", fmt::format("{}, expected 0 < states per page < 2^31", a.states_per_page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
-  for (const auto& [v, name] : {std::pair{&a.slot_swa, "slot_swa"}, {&a.topk, "topk"}, {&a.block_table, "block_table"},
-                                {&a.indices, "indices"}, {&a.lengths, "lengths"}})
-    need_device(op, *v, name, a.qsl.device, "qsl");
-  need_host(op, a.qsl);
-
-  const DecodeSplit sp = split_decode_prefill(a.qsl, a.num_speculative_tokens, op);
+  const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
+                                    {{&a.slot_swa, "slot_swa"}, {&a.topk, "topk"}, {&a.block_table, "block_table"},
+                                     {&a.indices, "indices"}, {&a.lengths, "lengths"}});
   const int64_t T = sp.num_decode_tokens;
   need_at_least(op, "lengths", max_tokens, T, "num_decode_tokens");
   need_at_least(op, "slot_swa", nslot, T, "num_decode_tokens");
   need_at_least(op, "topk", a.topk.shape[0], T, "num_decode_tokens rows");
-  if (a.block_table.shape[0] < sp.num_decodes)
-    bad_arg(op, "block_table",
-            fmt::format("{} rows, expected at least num_decodes = {}", a.block_table.shape[0], sp.num_decodes));
+  need_decode_rows(op, a.block_table, sp);
   const std::span<const int32_t> q(a.qsl.ptr<const int32_t>(), static_cast<size_t>(a.qsl.shape[0]));
   const auto* slot = a.slot_swa.ptr<const int64_t>();
   const auto* topk = a.topk.ptr<const int32_t>();
@@ -302,33 +303,31 @@ int64_t kernel_block_size(const ComputeDevice& device) { return device.sm90_prof
 
 SparseMlaMetadata build_sparse_mla_metadata(const SparseMlaMetadataArgs& a, const ExecContext& ctx) {
   static constexpr const char* op = "build_sparse_mla_metadata";
-  detail::check_exec_context(ctx, op);
+  need_head(op, ctx, a.qsl);
   const int t = static_cast<int>(a.type);
   if (t < 0 || t > 2) bad_arg(op, "type", fmt::format("unknown layer type {}, expected swaonly, c1a or c2a", t));
   const int r = t;  // SPEC 6.7: the layer type of ratio r
-  need_vector(op, a.qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
   need_vector(op, a.positions, "positions", DType::I64, "i64 [>= N]");
   const int64_t N = need_vector(op, a.req_id_per_token, "req_id_per_token", DType::I32, "i32 [N] token_to_req");
-  need_device(op, a.positions, "positions", a.qsl.device, "qsl");
-  need_device(op, a.req_id_per_token, "req_id_per_token", a.qsl.device, "qsl");
   if (r == 0) {
     for (const auto& [v, name] : {std::pair{&a.block_table, "block_table"}, {&a.token_slots, "token_slots"},
                                   {&a.compressed_slots, "compressed_slots"}})
       if (v->present()) bad_arg(op, name, "present, expected absent for swaonly layers (no compressed cache)");
   } else {
     need_vector(op, a.compressed_slots, "compressed_slots", DType::I64, "i64 [N] output");
-    need_device(op, a.compressed_slots, "compressed_slots", a.qsl.device, "qsl");
   }
   if (a.device.kind != Device::CPU && a.device.kind != Device::CUDA)
     bad_arg(op, "device", fmt::format("unknown device kind {}", static_cast<int>(a.device.kind)));
   if (a.states_per_page < 0)
     bad_arg(op, "states_per_page", fmt::format("{}, expected > 0, or 0 for kernel_block_size / r", a.states_per_page));
-  need_host(op, a.qsl);
 
   SparseMlaMetadata m;
   m.type = a.type;
   m.ratio = r;
-  m.split = split_decode_prefill(a.qsl, a.num_speculative_tokens, op);
+  m.split = host_split(op, a.qsl, a.num_speculative_tokens,
+                       {{&a.positions, "positions"}, {&a.req_id_per_token, "req_id_per_token"},
+                        {&a.block_table, "block_table"}, {&a.token_slots, "token_slots"},
+                        {&a.compressed_slots, "compressed_slots"}});
   const auto* q = a.qsl.ptr<const int32_t>();
   m.num_actual_tokens = q[m.split.num_reqs];
   m.num_tokens = N;

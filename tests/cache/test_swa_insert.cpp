@@ -53,11 +53,8 @@ struct SwaCase {
   size_t o_size() const { return static_cast<size_t>((o_rows - 1) * o_ts + (H_pad - 1) * o_hs + 512); }
 
   CacheView cache() {
-    CacheView c;
-    c.base = plain_bf16() ? static_cast<void*>(bf16.data()) : static_cast<void*>(u8.data());
-    c.format = format;
-    c.num_pages = pages;
-    c.states_per_page = S;
+    CacheView c = CacheView::with_default_strides(
+        plain_bf16() ? static_cast<void*>(bf16.data()) : static_cast<void*>(u8.data()), format, pages, S);
     c.page_stride = page_stride;
     c.row_stride = row_stride;
     c.fp8_scale = sigma;

@@ -93,15 +93,23 @@ ReadBatch make_batch(Rng& rng) {
 // Decode token t's request (decodes come first).
 int64_t request_of(const ReadBatch& r, int64_t t) { return r.t2r[static_cast<size_t>(t)]; }
 
+// f(batch, rng) on n random batches from a fresh seed (named, with the iteration, on failure).
+template <class F>
+void for_random_batches(uint64_t salt, int n, F&& f) {
+  const uint64_t seed = run_seed() ^ salt;
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (int it = 0; it < n && !::testing::Test::HasFatalFailure(); ++it) {
+    SCOPED_TRACE("iteration " + std::to_string(it));
+    ReadBatch r = make_batch(rng);
+    f(r, rng);
+  }
+}
+
 // ============================================================================ SPEC 6.2, 6.4
 
 TEST(ReadPathSplit, SharedRuleAndSwaSlotsOfPage32) {
-  const uint64_t seed = run_seed() ^ 0x6A1;
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
-  for (int it = 0; it < 200; ++it) {
-    SCOPED_TRACE("iteration " + std::to_string(it));
-    ReadBatch r = make_batch(rng);
+  for_random_batches(0x6A1, 200, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
     const DecodeSplit sp = split_decode_prefill(i32v(r.qsl), r.spec);
     std::vector<int32_t> lens;
     for (int64_t b = 0; b < r.num_reqs; ++b) lens.push_back(static_cast<int32_t>(r.qlen(b)));
@@ -121,7 +129,7 @@ TEST(ReadPathSplit, SharedRuleAndSwaSlotsOfPage32) {
       }
       ASSERT_EQ(r.slot_swa[static_cast<size_t>(t)], want) << "token " << t;
     }
-  }
+  });
   // the worked split: threshold 2 (spec 1): [1, 2, 1] decode, 3 prefill, then a short prefill
   std::vector<int32_t> q{0, 1, 3, 4, 7, 8};
   const DecodeSplit s = split_decode_prefill(i32v(q), 1);
@@ -153,12 +161,7 @@ SwaWindowArgs window_args(ReadBatch& r, WindowOut& o) {
 }
 
 TEST(SwaWindow, RandomBatchesMatchTheLiteralRows) {
-  const uint64_t seed = run_seed() ^ 0x6A2;
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
-  for (int it = 0; it < 200; ++it) {
-    SCOPED_TRACE("iteration " + std::to_string(it));
-    ReadBatch r = make_batch(rng);
+  for_random_batches(0x6A2, 200, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
     WindowOut o(r.max_tokens);
     const DecodeSplit sp = build_swa_window(window_args(r, o), ExecContext{nullptr, 1});
     ASSERT_EQ(sp.num_decode_tokens, r.decode_tokens());
@@ -187,7 +190,7 @@ TEST(SwaWindow, RandomBatchesMatchTheLiteralRows) {
     }
     ASSERT_EQ(o.idx, e.idx);
     ASSERT_EQ(o.len, e.len);
-  }
+  });
 }
 
 TEST(SwaWindow, WorkedExample) {
@@ -223,12 +226,7 @@ TEST(SwaWindow, WorkedExample) {
 // ============================================================================ prefill gather (6.6)
 
 TEST(PrefillGather, RandomBatchesMatchTheFormula) {
-  const uint64_t seed = run_seed() ^ 0x6A3;
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
-  for (int it = 0; it < 200; ++it) {
-    SCOPED_TRACE("iteration " + std::to_string(it));
-    ReadBatch r = make_batch(rng);
+  for_random_batches(0x6A3, 200, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
     const int64_t n = r.num_reqs - r.num_decodes + rng.integer(0, 3);
     std::vector<int64_t> g(static_cast<size_t>(n), kCanary64), gs(g);
     PrefillGatherArgs a;
@@ -249,7 +247,7 @@ TEST(PrefillGather, RandomBatchesMatchTheFormula) {
       ASSERT_EQ(g[static_cast<size_t>(i)], G) << "prefill " << i;
       ASSERT_EQ(gs[static_cast<size_t>(i)], start) << "prefill " << i;
     }
-  }
+  });
   // worked: prefix 0, 1, 127, 128, 500 with query lengths 5
   std::vector<int32_t> q{0, 5, 10, 15, 20, 25};
   std::vector<int64_t> sl{5, 6, 132, 133, 505}, g(6, kCanary64), gs(6, kCanary64);
@@ -294,12 +292,7 @@ TopkCase make_topk(const ReadBatch& r, Rng& rng) {
 }
 
 TEST(DecodeTopkSlots, RandomBatchesMatchTheLiteralRows) {
-  const uint64_t seed = run_seed() ^ 0x6A4;
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
-  for (int it = 0; it < 200; ++it) {
-    SCOPED_TRACE("iteration " + std::to_string(it));
-    ReadBatch r = make_batch(rng);
+  for_random_batches(0x6A4, 200, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
     TopkCase c = make_topk(r, rng);
     WindowOut o(r.max_tokens, c.K);
     DecodeTopkSlotArgs a;
@@ -334,19 +327,14 @@ TEST(DecodeTopkSlots, RandomBatchesMatchTheLiteralRows) {
     }
     ASSERT_EQ(o.idx, e.idx);
     ASSERT_EQ(o.len, e.len);
-  }
+  });
 }
 
 // ============================================================================ sparse-MLA metadata (6.7)
 
 TEST(SparseMlaMetadata, EveryLayerTypeOfTheModelOnEveryProfile) {
-  const uint64_t seed = run_seed() ^ 0x6A5;
-  SCOPED_TRACE("seed " + std::to_string(seed));
-  Rng rng(seed);
   const ModelConfig cfg = deepseek_v41_flash();
-  for (int it = 0; it < 60; ++it) {
-    SCOPED_TRACE("iteration " + std::to_string(it));
-    ReadBatch r = make_batch(rng);
+  for_random_batches(0x6A5, 60, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
     std::vector<int32_t> cbt(static_cast<size_t>(std::max<int64_t>(r.num_reqs, 1) * 8));
     for (auto& x : cbt) x = static_cast<int32_t>(rng.integer(-1, 50));
     for (const ComputeDevice& dev : {ComputeDevice::cpu(), ComputeDevice::cpu(true), ComputeDevice::cuda(9, 0)})
@@ -398,7 +386,7 @@ TEST(SparseMlaMetadata, EveryLayerTypeOfTheModelOnEveryProfile) {
           ASSERT_EQ(cs[static_cast<size_t>(t)], want) << "token " << t;
         }
       }
-  }
+  });
 }
 
 // ============================================================================ bad inputs
