@@ -1,9 +1,10 @@
 // CPU backend of the cache ops: the normative reference the CUDA backend is compared with bit for
 // bit (SPEC 0.4 item 2), following SPEC 5.1 / 5.3 / 5.4 / 7.5 literally through the format rules of
-// formats/insert.hpp and formats/rope_bf16.hpp. Arguments were validated by the public API (cache.cpp, plan.cpp) before any
-// of this runs. Inserts and gathers are split over threads by ctx.num_threads; each output is
-// produced by one thread in an order independent of the split, so results do not depend on the
-// thread count. save_ring_rows is a serial copy in gathered-row order.
+// formats/insert.hpp and formats/rope_bf16.hpp. Arguments were validated by the public API
+// (cache.cpp, plan.cpp) before any of this runs. Inserts, the query rotation and gathers are split
+// over threads by ctx.num_threads; each output is produced by one thread in an order independent of
+// the split, so results do not depend on the thread count. save_ring_rows is a serial copy in
+// gathered-row order.
 #include <cstring>
 
 #include "cache/backend.hpp"

@@ -46,7 +46,8 @@ void need_head_rows(const char* op, const TensorView& v, const char* arg, int64_
   if (v.shape[2] != kLatentDim)
     bad_arg(op, arg, fmt::format("shape[2] = {}, expected 512 ({})", v.shape[2], v.describe()));
   if (v.shape[1] < 1) bad_arg(op, arg, fmt::format("{} heads, expected >= 1 ({})", v.shape[1], v.describe()));
-  if (v.shape[0] < T) bad_arg(op, arg, fmt::format("{} rows, expected at least T = {} ({})", v.shape[0], T, v.describe()));
+  if (v.shape[0] < T)
+    bad_arg(op, arg, fmt::format("{} rows, expected at least T = {} ({})", v.shape[0], T, v.describe()));
   if (v.stride[2] != 1) bad_arg(op, arg, fmt::format("inner stride {}, expected 1 ({})", v.stride[2], v.describe()));
   if (v.shape[1] > 1 && v.stride[1] < kLatentDim)
     bad_arg(op, arg, fmt::format("head stride {}, expected >= 512 ({})", v.stride[1], v.describe()));

@@ -24,8 +24,10 @@ DSV41KV_HD void rope_bf16(const uint16_t* in, uint16_t* out, int dim, const floa
     const float x0 = num::bf16_decode(in[b + 2 * i]), x1 = num::bf16_decode(in[b + 2 * i + 1]);
     const float c = trow[i], s = trow[kRopeDim / 2 + i];
     float y0, y1;
-    if (dir == RopeDirection::kForward) num::rope_forward(x0, x1, c, s, y0, y1);
-    else num::rope_inverse(x0, x1, c, s, y0, y1);
+    if (dir == RopeDirection::kForward)
+      num::rope_forward(x0, x1, c, s, y0, y1);
+    else
+      num::rope_inverse(x0, x1, c, s, y0, y1);
     out[b + 2 * i] = num::bf16_encode(y0);
     out[b + 2 * i + 1] = num::bf16_encode(y1);
   }

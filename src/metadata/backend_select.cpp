@@ -23,8 +23,10 @@ constexpr ErrorCode E4 = ErrorCode::kBackendUnsupported, E5 = ErrorCode::kComput
 
 const char* attention_backend_name(AttentionBackend b) {
   switch (b) {
-    case AttentionBackend::kSparse: return "FLASHMLA_SPARSE_DSV41";
-    case AttentionBackend::kMega: return "FLASHMLA_MEGA_ATTN_DSV41";
+    case AttentionBackend::kSparse:
+      return "FLASHMLA_SPARSE_DSV41";
+    case AttentionBackend::kMega:
+      return "FLASHMLA_MEGA_ATTN_DSV41";
   }
   return "?";
 }
@@ -52,8 +54,8 @@ BackendSelection select_backend(const ModelConfig& cfg, const ComputeDevice& dev
     f.push_back({E4, fmt::format("MLA: num_key_value_heads {}, expected 1 (one 512-d latent K = V per token)",
                                  cfg.num_key_value_heads)});
   if (cfg.any_compressed() && cfg.index_topk != detail::kTopkTokens)
-    f.push_back({E4, fmt::format("sparse: index_topk {}, expected {} (the width of the top-k key lists)", cfg.index_topk,
-                                 detail::kTopkTokens)});
+    f.push_back({E4, fmt::format("sparse: index_topk {}, expected {} (the width of the top-k key lists)",
+                                 cfg.index_topk, detail::kTopkTokens)});
   if (cfg.sliding_window != detail::kSwaWindow)
     f.push_back({E4, fmt::format("sliding_window {}, expected {} (the width of the SWA window rows)",
                                  cfg.sliding_window, detail::kSwaWindow)});
@@ -77,8 +79,8 @@ BackendSelection select_backend(const ModelConfig& cfg, const ComputeDevice& dev
   const std::string cc = fmt::format("{}.{}", dev.major, dev.minor);
   if (mega) {
     if (dev.kind == Device::CPU || dev.major != 10)
-      f.push_back({E5, fmt::format("compute capability: {} on {}, expected an SM100 device (major 10)", name,
-                                   dev.describe())});
+      f.push_back(
+          {E5, fmt::format("compute capability: {} on {}, expected an SM100 device (major 10)", name, dev.describe())});
     f.push_back({E5, fmt::format("dsv41kv does not implement {} (SM100 only; its records, 528 SWA and 288 compressed, "
                                  "exist at kernel level)",
                                  name)});
@@ -98,10 +100,10 @@ BackendSelection select_backend(const ModelConfig& cfg, const ComputeDevice& dev
       if (static_cast<int>(x.code) < static_cast<int>(code)) code = x.code;
       list += fmt::format("{}[E{}] {}", list.empty() ? "" : "; ", static_cast<int>(x.code), x.what);
     }
-    fail(code, fmt::format("{}: {} cannot serve this model on {} (kv-cache dtype '{}', block size {}): {} failing "
-                           "check{}: {}",
-                           op, name, dev.describe(), kv_cache_dtype, block_size, f.size(), f.size() == 1 ? "" : "s",
-                           list));
+    fail(code,
+         fmt::format("{}: {} cannot serve this model on {} (kv-cache dtype '{}', block size {}): {} failing "
+                     "check{}: {}",
+                     op, name, dev.describe(), kv_cache_dtype, block_size, f.size(), f.size() == 1 ? "" : "s", list));
   }
 
   BackendSelection s;

@@ -48,7 +48,8 @@ DecodeSplit host_split(const char* op, const TensorView& qsl, int64_t num_spec, 
 // A block table with a row for every decode request.
 void need_decode_rows(const char* op, const TensorView& table, const DecodeSplit& sp) {
   if (table.shape[0] < sp.num_decodes)
-    bad_arg(op, "block_table", fmt::format("{} rows, expected at least num_decodes = {}", table.shape[0], sp.num_decodes));
+    bad_arg(op, "block_table",
+            fmt::format("{} rows, expected at least num_decodes = {}", table.shape[0], sp.num_decodes));
 }
 
 // A persistent output pair: i32 rows [max_tokens, cols] and i32 lengths [max_tokens]; returns
@@ -92,9 +93,9 @@ struct PagedLookup {
   void check(int64_t j, int64_t u, What&& what) const {
     const int64_t lp = u / per_page, cols = table.shape[1];
     if (lp >= cols)
-      bad_arg(op, "block_table",
-              fmt::format("{} lies in logical page {} ({} per page), expected < {} columns", what(), lp, per_page,
-                          cols));
+      bad_arg(
+          op, "block_table",
+          fmt::format("{} lies in logical page {} ({} per page), expected < {} columns", what(), lp, per_page, cols));
     const int64_t pg = table_at(table, j, lp);
     if (num_pages >= 0 && pg >= num_pages)
       bad_arg(op, "block_table",
@@ -102,8 +103,8 @@ struct PagedLookup {
                           num_pages));
     if (detail::slot_in_page(pg, per_page, u % per_page) > kI32Max)
       bad_arg(op, "block_table",
-              fmt::format("block_table[{}][{}] = {} ({}) gives slot {}, expected a slot < 2^31 (i32 index rows)", j,
-                          lp, pg, what(), pg * per_page + u % per_page));
+              fmt::format("block_table[{}][{}] = {} ({}) gives slot {}, expected a slot < 2^31 (i32 index rows)", j, lp,
+                          pg, what(), pg * per_page + u % per_page));
   }
   int32_t slot(int64_t j, int64_t u) const {
     return static_cast<int32_t>(detail::slot_in_page(table_at(table, j, u / per_page), per_page, u % per_page));
@@ -124,8 +125,9 @@ void write_window_row(const PagedLookup& lk, int64_t j, int64_t p, int32_t* row,
 DecodeSplit split_decode_prefill(const TensorView& qsl, int64_t num_speculative_tokens, const char* op) {
   need_vector(op, qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
   if (qsl.device != Device::CPU)
-    bad_arg(op, "qsl",
-            fmt::format("on {}, expected a host (cpu) view: the split is decided on the host", device_name(qsl.device)));
+    bad_arg(
+        op, "qsl",
+        fmt::format("on {}, expected a host (cpu) view: the split is decided on the host", device_name(qsl.device)));
   if (num_speculative_tokens < 0)
     bad_arg(op, "num_speculative_tokens", fmt::format("{}, expected >= 0", num_speculative_tokens));
   const std::span<const int32_t> q(qsl.ptr<const int32_t>(), static_cast<size_t>(qsl.shape[0]));
@@ -133,9 +135,8 @@ DecodeSplit split_decode_prefill(const TensorView& qsl, int64_t num_speculative_
   detail::check_qsl(op, "qsl", q, q[static_cast<size_t>(nr)]);
   DecodeSplit sp;
   sp.num_reqs = nr;
-  sp.num_decodes = detail::decode_prefix(nr, num_speculative_tokens, [&](int64_t j) {
-    return q[static_cast<size_t>(j + 1)] - q[static_cast<size_t>(j)];
-  });
+  sp.num_decodes = detail::decode_prefix(
+      nr, num_speculative_tokens, [&](int64_t j) { return q[static_cast<size_t>(j + 1)] - q[static_cast<size_t>(j)]; });
   sp.num_decode_tokens = q[static_cast<size_t>(sp.num_decodes)];
   sp.num_prefills = nr - sp.num_decodes;
   sp.num_prefill_tokens = q[static_cast<size_t>(nr)] - sp.num_decode_tokens;
@@ -155,8 +156,11 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
     bad_arg(op, "page", fmt::format("{}, expected 0 < tokens per page < 2^31", a.page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
   const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
-                                    {{&a.positions, "positions"}, {&a.slot_swa, "slot_swa"}, {&a.block_table, "block_table"},
-                                     {&a.indices, "indices"}, {&a.lengths, "lengths"}});
+                                    {{&a.positions, "positions"},
+                                     {&a.slot_swa, "slot_swa"},
+                                     {&a.block_table, "block_table"},
+                                     {&a.indices, "indices"},
+                                     {&a.lengths, "lengths"}});
   const int64_t T = sp.num_decode_tokens;
   need_at_least(op, "lengths", max_tokens, T, "num_decode_tokens");
   need_at_least(op, "positions", npos, T, "num_decode_tokens");
@@ -198,8 +202,7 @@ DecodeSplit build_prefill_gather(const PrefillGatherArgs& a, const ExecContext& 
   const int64_t nseq = need_vector(op, a.seq_lens, "seq_lens", DType::I64, "i64 [>= num_reqs]");
   const int64_t n = need_vector(op, a.gather_lens, "gather_lens", DType::I64, "i64 [>= num_prefills] output");
   const int64_t ns = need_vector(op, a.gather_starts, "gather_starts", DType::I64, "i64 [>= num_prefills] output");
-  if (ns != n)
-    bad_arg(op, "gather_starts", fmt::format("{} entries, expected {} (the length of gather_lens)", ns, n));
+  if (ns != n) bad_arg(op, "gather_starts", fmt::format("{} entries, expected {} (the length of gather_lens)", ns, n));
   const DecodeSplit sp =
       host_split(op, a.qsl, a.num_speculative_tokens,
                  {{&a.seq_lens, "seq_lens"}, {&a.gather_lens, "gather_lens"}, {&a.gather_starts, "gather_starts"}});
@@ -239,8 +242,11 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
     bad_arg(op, "states_per_page", fmt::format("{}, expected 0 < states per page < 2^31", a.states_per_page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
   const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
-                                    {{&a.slot_swa, "slot_swa"}, {&a.topk, "topk"}, {&a.block_table, "block_table"},
-                                     {&a.indices, "indices"}, {&a.lengths, "lengths"}});
+                                    {{&a.slot_swa, "slot_swa"},
+                                     {&a.topk, "topk"},
+                                     {&a.block_table, "block_table"},
+                                     {&a.indices, "indices"},
+                                     {&a.lengths, "lengths"}});
   const int64_t T = sp.num_decode_tokens;
   need_at_least(op, "lengths", max_tokens, T, "num_decode_tokens");
   need_at_least(op, "slot_swa", nslot, T, "num_decode_tokens");
@@ -255,7 +261,8 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
     if (slot[t] < 0) return;
     for (int64_t k = 0; k < K; ++k) {
       const int64_t i = topk[t * ts + k];
-      if (i >= 0) lk.check(j, i, [&] { return fmt::format("token {} (request {}): topk[{}][{}] = {}", t, j, t, k, i); });
+      if (i >= 0)
+        lk.check(j, i, [&] { return fmt::format("token {} (request {}): topk[{}][{}] = {}", t, j, t, k, i); });
     }
   });
 
@@ -310,7 +317,8 @@ SparseMlaMetadata build_sparse_mla_metadata(const SparseMlaMetadataArgs& a, cons
   need_vector(op, a.positions, "positions", DType::I64, "i64 [>= N]");
   const int64_t N = need_vector(op, a.req_id_per_token, "req_id_per_token", DType::I32, "i32 [N] token_to_req");
   if (r == 0) {
-    for (const auto& [v, name] : {std::pair{&a.block_table, "block_table"}, {&a.token_slots, "token_slots"},
+    for (const auto& [v, name] : {std::pair{&a.block_table, "block_table"},
+                                  {&a.token_slots, "token_slots"},
                                   {&a.compressed_slots, "compressed_slots"}})
       if (v->present()) bad_arg(op, name, "present, expected absent for swaonly layers (no compressed cache)");
   } else {
@@ -325,8 +333,10 @@ SparseMlaMetadata build_sparse_mla_metadata(const SparseMlaMetadataArgs& a, cons
   m.type = a.type;
   m.ratio = r;
   m.split = host_split(op, a.qsl, a.num_speculative_tokens,
-                       {{&a.positions, "positions"}, {&a.req_id_per_token, "req_id_per_token"},
-                        {&a.block_table, "block_table"}, {&a.token_slots, "token_slots"},
+                       {{&a.positions, "positions"},
+                        {&a.req_id_per_token, "req_id_per_token"},
+                        {&a.block_table, "block_table"},
+                        {&a.token_slots, "token_slots"},
                         {&a.compressed_slots, "compressed_slots"}});
   const auto* q = a.qsl.ptr<const int32_t>();
   m.num_actual_tokens = q[m.split.num_reqs];
@@ -339,8 +349,9 @@ SparseMlaMetadata build_sparse_mla_metadata(const SparseMlaMetadataArgs& a, cons
   for (int64_t j = 0; j < m.split.num_reqs; ++j)
     for (int64_t tk = q[j]; tk < q[j + 1]; ++tk)
       if (req[tk] != j)
-        bad_arg(op, "req_id_per_token",
-                fmt::format("req_id_per_token[{}] = {}, expected {} (the request of token {} by qsl)", tk, req[tk], j, tk));
+        bad_arg(
+            op, "req_id_per_token",
+            fmt::format("req_id_per_token[{}] = {}, expected {} (the request of token {} by qsl)", tk, req[tk], j, tk));
   for (int64_t tk = m.num_actual_tokens; tk < N; ++tk)
     if (req[tk] != 0)
       bad_arg(op, "req_id_per_token",

@@ -38,13 +38,13 @@ struct SwaCase {
   int64_t T = 0, H = 0, H_pad = 0;
   int64_t S = 32, pages = 4, page_stride = 0, row_stride = 512;
   int64_t q_rows = 0, q_hs = 0, q_ts = 0, o_rows = 0, o_hs = 0, o_ts = 0;
-  std::vector<uint16_t> kv;             // [T + 2, 512]
-  std::vector<uint16_t> q;              // backing of q
+  std::vector<uint16_t> kv;  // [T + 2, 512]
+  std::vector<uint16_t> q;   // backing of q
   std::vector<int64_t> pos, slot;
   const float* table = nullptr;
   int64_t table_rows = 0;
-  std::vector<uint8_t> u8;              // cache backing (packed, fp8)
-  std::vector<uint16_t> bf16;           // cache backing (plain bf16)
+  std::vector<uint8_t> u8;     // cache backing (packed, fp8)
+  std::vector<uint16_t> bf16;  // cache backing (plain bf16)
   CanaryBuffer<uint16_t> q_out;
   float sigma = 0.25f;
 
@@ -86,16 +86,24 @@ struct SwaCase {
       float x[512], y[512];
       for (int d = 0; d < 512; ++d) x[d] = y[d] = num::bf16_decode(kv[t * 512 + d]);
       const float* tr = table + pos[t] * 64;
-      for (int i = 0; i < 32; ++i) literal_rope(x[448 + 2 * i], x[449 + 2 * i], tr[i], tr[32 + i], y[448 + 2 * i], y[449 + 2 * i]);
+      for (int i = 0; i < 32; ++i)
+        literal_rope(x[448 + 2 * i], x[449 + 2 * i], tr[i], tr[32 + i], y[448 + 2 * i], y[449 + 2 * i]);
       const int64_t page = slot[t] / S, off = slot[t] % S;
       switch (format) {
-        case RecordFormat::V4_584: rec::write_v4_584(e8.data() + page * page_stride, S, off, x, y); break;
-        case RecordFormat::MXFP8_528: rec::write_mxfp8_528(e8.data() + page * page_stride, S, off, y); break;
-        case RecordFormat::PLAIN_BF16: rec::write_plain_bf16(e16.data() + page * page_stride + off * row_stride, y); break;
+        case RecordFormat::V4_584:
+          rec::write_v4_584(e8.data() + page * page_stride, S, off, x, y);
+          break;
+        case RecordFormat::MXFP8_528:
+          rec::write_mxfp8_528(e8.data() + page * page_stride, S, off, y);
+          break;
+        case RecordFormat::PLAIN_BF16:
+          rec::write_plain_bf16(e16.data() + page * page_stride + off * row_stride, y);
+          break;
         case RecordFormat::PLAIN_FP8:
           rec::write_plain_fp8(e8.data() + page * page_stride + off * row_stride, y, 1.0f / sigma);
           break;
-        default: ADD_FAILURE() << "not an SWA format";
+        default:
+          ADD_FAILURE() << "not an SWA format";
       }
     }
     if (!plain_bf16()) return e8;
@@ -141,8 +149,8 @@ SwaCase make_case(RecordFormat f, int64_t H, int64_t H_pad, const float* table, 
   c.H_pad = H_pad;
   const bool plain = !record_info(f).packed;
   c.row_stride = plain ? 512 + 8 : 512;
-  c.page_stride = plain ? c.S * c.row_stride + 24
-                        : CacheView::with_default_strides(nullptr, f, 1, c.S).page_stride + 40;
+  c.page_stride =
+      plain ? c.S * c.row_stride + 24 : CacheView::with_default_strides(nullptr, f, 1, c.S).page_stride + 40;
   c.kv = random_bf16(static_cast<size_t>((T + 2) * 512), rng);
   c.q_rows = T + 1;
   c.q_hs = 512 + 16;
@@ -164,8 +172,10 @@ SwaCase make_case(RecordFormat f, int64_t H, int64_t H_pad, const float* table, 
   }
   c.table = table;
   c.table_rows = table_rows;
-  if (f == RecordFormat::PLAIN_BF16) c.bf16.assign(static_cast<size_t>(c.pages * c.page_stride), kBf16Canary);
-  else c.u8.assign(static_cast<size_t>(c.pages * c.page_stride), kByteCanary);
+  if (f == RecordFormat::PLAIN_BF16)
+    c.bf16.assign(static_cast<size_t>(c.pages * c.page_stride), kBf16Canary);
+  else
+    c.u8.assign(static_cast<size_t>(c.pages * c.page_stride), kByteCanary);
   return c;
 }
 
@@ -245,8 +255,8 @@ TEST(SwaInsert, ThreadCountInPlaceAndEmpty) {
   EXPECT_TRUE(bytes_equal(one.cache_bytes(), ip.cache_bytes(), one.cache_size(), "cache, in place"));
   for (int64_t t = 0; t < base.T; ++t)
     for (int64_t h = 0; h < base.H; ++h)
-      ASSERT_EQ(std::memcmp(ip.q.data() + t * ip.q_ts + h * ip.q_hs, one.q_out.data() + t * one.o_ts + h * one.o_hs, 1024),
-                0)
+      ASSERT_EQ(
+          std::memcmp(ip.q.data() + t * ip.q_ts + h * ip.q_hs, one.q_out.data() + t * one.o_ts + h * one.o_hs, 1024), 0)
           << "token " << t << " head " << h;
   // the rows of q beyond T and the gaps between heads and rows are not written
   for (size_t i = 0; i < ip.q.size(); ++i) {
@@ -270,10 +280,10 @@ TEST(SwaInsert, NonFiniteQueries) {
   Rng rng(run_seed() ^ 0x5A4);
   const RopeTable& tab = layer_table(0);
   SwaCase c = make_case(RecordFormat::MXFP8_528, 2, 64, tab.data.data(), tab.rows, rng, 6);
-  c.q[0 * c.q_ts + 5] = 0x7F8F;                 // NaN payload in a NoPE dim
-  c.q[1 * c.q_ts + 448] = 0x7FC0;               // NaN in a RoPE pair
-  c.q[2 * c.q_ts + c.q_hs + 501] = 0x7F80;      // +Inf in a RoPE pair
-  c.kv[2 * 512 + 460] = 0x7F80;                 // +Inf in the kv RoPE dims (poisoned 528 tile)
+  c.q[0 * c.q_ts + 5] = 0x7F8F;             // NaN payload in a NoPE dim
+  c.q[1 * c.q_ts + 448] = 0x7FC0;           // NaN in a RoPE pair
+  c.q[2 * c.q_ts + c.q_hs + 501] = 0x7F80;  // +Inf in a RoPE pair
+  c.kv[2 * 512 + 460] = 0x7F80;             // +Inf in the kv RoPE dims (poisoned 528 tile)
   swa_insert_q_rope(c.args());
   EXPECT_EQ(c.q_out[0 * c.o_ts + 5], 0x7F8F);
   EXPECT_EQ(c.q_out[1 * c.o_ts + 448], 0x7FC0);
@@ -302,7 +312,8 @@ TEST(SwaInsertValidation, EveryBadArgumentNamedNothingWritten) {
       {"slot dtype", [](SwaCase&, SwaInsertArgs& a) { a.slot_swa.dtype = DType::I32; }, {"slot_swa: dtype i32"}},
       {"positions short", [](SwaCase&, SwaInsertArgs& a) { a.positions.shape[0] = 19; }, {"positions: 19 entries"}},
       {"table width", [](SwaCase&, SwaInsertArgs& a) { a.rope_table.shape[1] = 32; }, {"rope_table: shape[1] = 32"}},
-      {"nvfp4 cache", [](SwaCase&, SwaInsertArgs& a) { a.cache.format = RecordFormat::NVFP4_288; },
+      {"nvfp4 cache",
+       [](SwaCase&, SwaInsertArgs& a) { a.cache.format = RecordFormat::NVFP4_288; },
        {"swa_insert_q_rope: cache: format nvfp4_288, expected v4_584 or mxfp8_528"}},
       {"cache stride", [](SwaCase&, SwaInsertArgs& a) { a.cache.page_stride = 100; }, {"cache: page_stride = 100"}},
       {"q absent", [](SwaCase&, SwaInsertArgs& a) { a.q = TensorView{}; }, {"q: absent"}},
@@ -312,13 +323,19 @@ TEST(SwaInsertValidation, EveryBadArgumentNamedNothingWritten) {
       {"q heads", [](SwaCase&, SwaInsertArgs& a) { a.q.shape[1] = 0; }, {"q: 0 heads, expected >= 1"}},
       {"q rows", [](SwaCase&, SwaInsertArgs& a) { a.q.shape[0] = 19; }, {"q: 19 rows, expected at least T = 20"}},
       {"q inner stride", [](SwaCase&, SwaInsertArgs& a) { a.q.stride[2] = 2; }, {"q: inner stride 2, expected 1"}},
-      {"q head stride", [](SwaCase&, SwaInsertArgs& a) { a.q.stride[1] = 500; }, {"q: head stride 500, expected >= 512"}},
-      {"q token stride", [](SwaCase&, SwaInsertArgs& a) { a.q.stride[0] = 7 * 528; },
+      {"q head stride",
+       [](SwaCase&, SwaInsertArgs& a) { a.q.stride[1] = 500; },
+       {"q: head stride 500, expected >= 512"}},
+      {"q token stride",
+       [](SwaCase&, SwaInsertArgs& a) { a.q.stride[0] = 7 * 528; },
        {"q: token stride 3696, expected >= (heads - 1) * head stride + 512 = 4208"}},
-      {"q_out heads 32", [](SwaCase&, SwaInsertArgs& a) { a.q_out.shape[1] = 32; },
+      {"q_out heads 32",
+       [](SwaCase&, SwaInsertArgs& a) { a.q_out.shape[1] = 32; },
        {"q_out: 32 heads for H = 8 query heads, expected H_pad = H, or 64 or 128 (> H)"}},
       {"q_out heads 4", [](SwaCase&, SwaInsertArgs& a) { a.q_out.shape[1] = 4; }, {"q_out: 4 heads for H = 8"}},
-      {"q_out rows", [](SwaCase&, SwaInsertArgs& a) { a.q_out.shape[0] = 3; }, {"q_out: 3 rows, expected at least T = 20"}},
+      {"q_out rows",
+       [](SwaCase&, SwaInsertArgs& a) { a.q_out.shape[0] = 3; },
+       {"q_out: 3 rows, expected at least T = 20"}},
       {"q_out overlaps q",
        [](SwaCase& c, SwaInsertArgs& a) {
          a.q_out = TensorView::strided(c.q.data() + 512, DType::BF16, {20, 8, 512}, {c.q_ts, c.q_hs, 1});
@@ -329,21 +346,31 @@ TEST(SwaInsertValidation, EveryBadArgumentNamedNothingWritten) {
          a.q_out = TensorView::strided(c.q.data(), DType::BF16, {20, 64, 512}, {64 * c.q_hs, c.q_hs, 1});
        },
        {"q_out: overlaps q"}},
-      {"q device", [](SwaCase&, SwaInsertArgs& a) { a.q.device = Device::CUDA; }, {"q: on cuda, expected cpu like slot_swa"}},
+      {"q device",
+       [](SwaCase&, SwaInsertArgs& a) { a.q.device = Device::CUDA; },
+       {"q: on cuda, expected cpu like slot_swa"}},
       {"q_out device", [](SwaCase&, SwaInsertArgs& a) { a.q_out.device = Device::CUDA; }, {"q_out: on cuda"}},
       {"all on cuda",
        [](SwaCase&, SwaInsertArgs& a) {
-         for (TensorView* v : {&a.kv, &a.q, &a.positions, &a.rope_table, &a.slot_swa, &a.q_out}) v->device = Device::CUDA;
+         for (TensorView* v : {&a.kv, &a.q, &a.positions, &a.rope_table, &a.slot_swa, &a.q_out})
+           v->device = Device::CUDA;
          a.cache.device = Device::CUDA;
        },
        {"swa_insert_q_rope: the views are on cuda, but swa_insert_q_rope has no CUDA backend yet"}},
-      {"slot beyond cache", [](SwaCase& c, SwaInsertArgs&) { c.slot[4] = 128; },
+      {"slot beyond cache",
+       [](SwaCase& c, SwaInsertArgs&) { c.slot[4] = 128; },
        {"slot_swa: slot_swa[4] = 128, expected < num_pages * states_per_page = 4 * 32 = 128"}},
-      {"kv position beyond table", [](SwaCase& c, SwaInsertArgs&) { c.pos[2] = 400; c.slot[2] = 5; },
+      {"kv position beyond table",
+       [](SwaCase& c, SwaInsertArgs&) {
+         c.pos[2] = 400;
+         c.slot[2] = 5;
+       },
        {"positions[2] = 400 needs RoPE table row 400"}},
-      {"q position beyond table (token without slot)", [](SwaCase& c, SwaInsertArgs&) { c.pos[3] = 400; },
+      {"q position beyond table (token without slot)",
+       [](SwaCase& c, SwaInsertArgs&) { c.pos[3] = 400; },
        {"positions[3] = 400 needs RoPE table row 400 for its queries"}},
-      {"negative position (token without slot)", [](SwaCase& c, SwaInsertArgs&) { c.pos[18] = -1; },
+      {"negative position (token without slot)",
+       [](SwaCase& c, SwaInsertArgs&) { c.pos[18] = -1; },
        {"positions[18] = -1, expected >= 0 (its queries are rotated)"}},
       {"threads", [](SwaCase&, SwaInsertArgs&) {}, {"ctx.num_threads = -1"}},
   };

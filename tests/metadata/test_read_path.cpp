@@ -22,8 +22,12 @@ constexpr int32_t kCanary32 = 0x5A5A5A5A;
 constexpr int64_t kCanary64 = 0x5A5A5A5A5A5A5A5ALL;
 constexpr ErrorCode E8 = ErrorCode::kInvalidArgument;
 
-TensorView i32v(std::vector<int32_t>& v) { return TensorView::contiguous(v.data(), DType::I32, {static_cast<int64_t>(v.size())}); }
-TensorView i64v(std::vector<int64_t>& v) { return TensorView::contiguous(v.data(), DType::I64, {static_cast<int64_t>(v.size())}); }
+TensorView i32v(std::vector<int32_t>& v) {
+  return TensorView::contiguous(v.data(), DType::I32, {static_cast<int64_t>(v.size())});
+}
+TensorView i64v(std::vector<int64_t>& v) {
+  return TensorView::contiguous(v.data(), DType::I64, {static_cast<int64_t>(v.size())});
+}
 TensorView mat(std::vector<int32_t>& v, int64_t rows, int64_t cols) {
   return TensorView::contiguous(v.data(), DType::I32, {rows, cols});
 }
@@ -52,9 +56,12 @@ ReadBatch make_batch(Rng& rng) {
   std::vector<int64_t> lens, computed;
   for (int64_t b = 0; b < r.num_reqs; ++b) {
     int64_t q;
-    if (b < r.num_decodes) q = rng.integer(0, 9) == 0 ? 0 : rng.integer(1, thr);  // s_q 1 or 2 (spec decode)
-    else if (b == r.num_decodes) q = rng.integer(thr + 1, 40);                    // ends the decode part
-    else q = rng.integer(1, 40);                                                 // may be short: still a prefill
+    if (b < r.num_decodes)
+      q = rng.integer(0, 9) == 0 ? 0 : rng.integer(1, thr);  // s_q 1 or 2 (spec decode)
+    else if (b == r.num_decodes)
+      q = rng.integer(thr + 1, 40);  // ends the decode part
+    else
+      q = rng.integer(1, 40);  // may be short: still a prefill
     lens.push_back(q);
     computed.push_back(rng.integer(0, 9) < 3 ? rng.integer(0, 3) : rng.integer(0, 300));
   }
@@ -216,11 +223,11 @@ TEST(SwaWindow, WorkedExample) {
     const int pg = bt[static_cast<size_t>(u / 32)];
     EXPECT_EQ(idx[static_cast<size_t>(k)], pg > 0 ? pg * 32 + u % 32 : -1) << k;
   }
-  EXPECT_EQ(idx[0], 3 * 32 + 9);     // position 73: logical page 2 -> page 3
-  EXPECT_EQ(idx[55], -1);            // position 128: logical page 4 is null
-  EXPECT_EQ(idx[127], 7 * 32 + 8);   // position 200: logical page 6 -> page 7
+  EXPECT_EQ(idx[0], 3 * 32 + 9);    // position 73: logical page 2 -> page 3
+  EXPECT_EQ(idx[55], -1);           // position 128: logical page 4 is null
+  EXPECT_EQ(idx[127], 7 * 32 + 8);  // position 200: logical page 6 -> page 7
   for (int k = 0; k < 128; ++k) EXPECT_EQ(idx[static_cast<size_t>(128 + k)], -1);  // invalid token
-  for (size_t i = 2 * 128; i < idx.size(); ++i) EXPECT_EQ(idx[i], kCanary32);   // not a decode row
+  for (size_t i = 2 * 128; i < idx.size(); ++i) EXPECT_EQ(idx[i], kCanary32);      // not a decode row
 }
 
 // ============================================================================ prefill gather (6.6)
@@ -284,8 +291,7 @@ TopkCase make_topk(const ReadBatch& r, Rng& rng) {
       continue;
     }
     const int64_t n = rng.integer(0, c.K);  // a valid prefix, then -1
-    for (int64_t k = 0; k < c.K; ++k)
-      row[k] = k < n ? static_cast<int32_t>(rng.integer(0, c.S * c.cols - 1)) : -1;
+    for (int64_t k = 0; k < c.K; ++k) row[k] = k < n ? static_cast<int32_t>(rng.integer(0, c.S * c.cols - 1)) : -1;
     if (n > 2 && rng.integer(0, 3) == 0) row[rng.integer(0, n - 1)] = -1;  // a -1 inside the prefix
   }
   return c;
@@ -400,7 +406,8 @@ struct Fixed {
   std::vector<int32_t> bt{1, 2, 3, 4, 5, 6, 7, 2, 2, 2, 2, 2, 2, 2, 8, 8, 8, 8, 8, 8, 8};  // [3, 7]
   std::vector<int32_t> idx = std::vector<int32_t>(10 * 128, kCanary32), len = std::vector<int32_t>(10, kCanary32);
   std::vector<int32_t> topk = std::vector<int32_t>(10 * 16, -1);
-  std::vector<int64_t> seq{151, 42, 10}, g = std::vector<int64_t>(2, kCanary64), gs = std::vector<int64_t>(2, kCanary64);
+  std::vector<int64_t> seq{151, 42, 10}, g = std::vector<int64_t>(2, kCanary64),
+                                         gs = std::vector<int64_t>(2, kCanary64);
   std::vector<int32_t> t2r{0, 1, 1, 2, 2, 2, 0, 0};
   std::vector<int64_t> cs = std::vector<int64_t>(8, kCanary64);
   Fixed() {
@@ -498,37 +505,68 @@ TEST(ReadPathValidation, SwaWindow) {
       {"qsl order", [](Fixed& f, A&) { f.qsl[2] = 0; }, E8, {"qsl[2] = 0 < qsl[1] = 1, expected non-decreasing"}},
       {"spec", [](Fixed&, A& a) { a.num_speculative_tokens = -1; }, E8, {"num_speculative_tokens: -1, expected >= 0"}},
       {"positions dtype", [](Fixed&, A& a) { a.positions.dtype = DType::I32; }, E8, {"positions: dtype i32"}},
-      {"positions short", [](Fixed&, A& a) { a.positions.shape[0] = 2; }, E8,
+      {"positions short",
+       [](Fixed&, A& a) { a.positions.shape[0] = 2; },
+       E8,
        {"positions: 2 entries, expected at least 3 (num_decode_tokens)"}},
       {"slot short", [](Fixed&, A& a) { a.slot_swa.shape[0] = 1; }, E8, {"slot_swa: 1 entries, expected at least 3"}},
       {"table dtype", [](Fixed&, A& a) { a.block_table.dtype = DType::I64; }, E8, {"block_table: dtype i64"}},
-      {"table rows", [](Fixed&, A& a) { a.block_table.shape[0] = 1; }, E8,
+      {"table rows",
+       [](Fixed&, A& a) { a.block_table.shape[0] = 1; },
+       E8,
        {"block_table: 1 rows, expected at least num_decodes = 2"}},
-      {"indices width", [](Fixed&, A& a) { a.indices.shape[1] = 64; a.indices.stride[0] = 64; }, E8,
+      {"indices width",
+       [](Fixed&, A& a) {
+         a.indices.shape[1] = 64;
+         a.indices.stride[0] = 64;
+       },
+       E8,
        {"indices: shape[1] = 64, expected 128"}},
-      {"indices rows", [](Fixed&, A& a) { a.indices.shape[0] = 9; }, E8,
+      {"indices rows",
+       [](Fixed&, A& a) { a.indices.shape[0] = 9; },
+       E8,
        {"indices: 9 rows, expected max_tokens = 10 (the length of lengths)"}},
-      {"lengths short", [](Fixed&, A& a) { a.lengths.shape[0] = 2; a.indices.shape[0] = 2; }, E8,
+      {"lengths short",
+       [](Fixed&, A& a) {
+         a.lengths.shape[0] = 2;
+         a.indices.shape[0] = 2;
+       },
+       E8,
        {"lengths: 2 entries, expected at least 3 (num_decode_tokens)"}},
       {"lengths dtype", [](Fixed&, A& a) { a.lengths.dtype = DType::I64; }, E8, {"lengths: dtype i64"}},
       {"page", [](Fixed&, A& a) { a.page = 0; }, E8, {"page: 0, expected 0 < tokens per page < 2^31"}},
       {"num_pages", [](Fixed&, A& a) { a.num_pages = -2; }, E8, {"num_pages: -2, expected -1 (unchecked) or >= 0"}},
       {"negative position", [](Fixed& f, A&) { f.pos[1] = -4; }, E8, {"positions[1] = -4 (request 1), expected >= 0"}},
-      {"beyond the row", [](Fixed& f, A&) { f.pos[0] = 7 * 32; }, E8,
+      {"beyond the row",
+       [](Fixed& f, A&) { f.pos[0] = 7 * 32; },
+       E8,
        {"block_table: token 0 (request 0, position 224): window position 224 lies in logical page 7 (32 per page), "
         "expected < 7 columns"}},
-      {"page id range", [](Fixed&, A& a) { a.num_pages = 5; }, E8,
+      {"page id range",
+       [](Fixed&, A& a) { a.num_pages = 5; },
+       E8,
        {"block_table[0][4] = 5 (token 0 (request 0, position 150): window position 128), expected a page id < "
         "num_pages = 5"}},
-      {"slot beyond i32", [](Fixed& f, A& a) { f.bt[4] = 0x7FFFFFFF; a.page = 32; }, E8,
+      {"slot beyond i32",
+       [](Fixed& f, A& a) {
+         f.bt[4] = 0x7FFFFFFF;
+         a.page = 32;
+       },
+       E8,
        {"block_table[0][4] = 2147483647", "expected a slot < 2^31"}},
-      {"device mixed", [](Fixed&, A& a) { a.lengths.device = Device::CUDA; }, E8,
+      {"device mixed",
+       [](Fixed&, A& a) { a.lengths.device = Device::CUDA; },
+       E8,
        {"lengths: on cuda, expected cpu like qsl"}},
-      {"on cuda", [](Fixed&, A& a) { all_on_cuda({&a.qsl, &a.positions, &a.slot_swa, &a.block_table, &a.indices, &a.lengths}); },
-       E8, {"build_swa_window: the views are on cuda, but build_swa_window has no CUDA backend yet"}},
+      {"on cuda",
+       [](Fixed&, A& a) {
+         all_on_cuda({&a.qsl, &a.positions, &a.slot_swa, &a.block_table, &a.indices, &a.lengths});
+       },
+       E8,
+       {"build_swa_window: the views are on cuda, but build_swa_window has no CUDA backend yet"}},
   };
-  run_bad<A>(cases, [](Fixed& f) { return f.window(); },
-             [](const A& a, const ExecContext& c) { build_swa_window(a, c); });
+  run_bad<A>(
+      cases, [](Fixed& f) { return f.window(); }, [](const A& a, const ExecContext& c) { build_swa_window(a, c); });
 }
 
 TEST(ReadPathValidation, PrefillGather) {
@@ -537,18 +575,34 @@ TEST(ReadPathValidation, PrefillGather) {
       {"threads", [](Fixed&, A&) {}, E8, {"build_prefill_gather: ctx.num_threads = -1"}},
       {"qsl absent", [](Fixed&, A& a) { a.qsl = TensorView{}; }, E8, {"build_prefill_gather: qsl: absent"}},
       {"seq dtype", [](Fixed&, A& a) { a.seq_lens.dtype = DType::I32; }, E8, {"seq_lens: dtype i32"}},
-      {"seq short", [](Fixed&, A& a) { a.seq_lens.shape[0] = 2; }, E8, {"seq_lens: 2 entries, expected at least 3 (num_reqs)"}},
-      {"starts length", [](Fixed&, A& a) { a.gather_starts.shape[0] = 1; }, E8,
+      {"seq short",
+       [](Fixed&, A& a) { a.seq_lens.shape[0] = 2; },
+       E8,
+       {"seq_lens: 2 entries, expected at least 3 (num_reqs)"}},
+      {"starts length",
+       [](Fixed&, A& a) { a.gather_starts.shape[0] = 1; },
+       E8,
        {"gather_starts: 1 entries, expected 2 (the length of gather_lens)"}},
-      {"outputs short", [](Fixed&, A& a) { a.gather_lens.shape[0] = 0; a.gather_starts.shape[0] = 0; }, E8,
+      {"outputs short",
+       [](Fixed&, A& a) {
+         a.gather_lens.shape[0] = 0;
+         a.gather_starts.shape[0] = 0;
+       },
+       E8,
        {"gather_lens: 0 entries, expected at least 1 (num_prefills)"}},
-      {"seq below query", [](Fixed& f, A&) { f.seq[2] = 2; }, E8,
+      {"seq below query",
+       [](Fixed& f, A&) { f.seq[2] = 2; },
+       E8,
        {"seq_lens[2] = 2 < query_len = 3 (prefill request 2)"}},
-      {"on cuda", [](Fixed&, A& a) { all_on_cuda({&a.qsl, &a.seq_lens, &a.gather_lens, &a.gather_starts}); }, E8,
+      {"on cuda",
+       [](Fixed&, A& a) {
+         all_on_cuda({&a.qsl, &a.seq_lens, &a.gather_lens, &a.gather_starts});
+       },
+       E8,
        {"build_prefill_gather: the views are on cuda, but build_prefill_gather has no CUDA backend yet"}},
   };
-  run_bad<A>(cases, [](Fixed& f) { return f.gather(); },
-             [](const A& a, const ExecContext& c) { build_prefill_gather(a, c); });
+  run_bad<A>(
+      cases, [](Fixed& f) { return f.gather(); }, [](const A& a, const ExecContext& c) { build_prefill_gather(a, c); });
 }
 
 TEST(ReadPathValidation, DecodeTopkSlots) {
@@ -558,17 +612,28 @@ TEST(ReadPathValidation, DecodeTopkSlots) {
       {"topk dtype", [](Fixed&, A& a) { a.topk.dtype = DType::I64; }, E8, {"build_decode_topk_slots: topk: dtype i64"}},
       {"topk rows", [](Fixed&, A& a) { a.topk.shape[0] = 2; }, E8, {"topk: 2 entries, expected at least 3"}},
       {"indices width", [](Fixed&, A& a) { a.indices.shape[1] = 8; }, E8, {"indices: shape[1] = 8, expected 16"}},
-      {"S", [](Fixed&, A& a) { a.states_per_page = 0; }, E8, {"states_per_page: 0, expected 0 < states per page < 2^31"}},
-      {"beyond the row", [](Fixed& f, A&) { f.topk[16 + 2] = 7 * 4; }, E8,
+      {"S",
+       [](Fixed&, A& a) { a.states_per_page = 0; },
+       E8,
+       {"states_per_page: 0, expected 0 < states per page < 2^31"}},
+      {"beyond the row",
+       [](Fixed& f, A&) { f.topk[16 + 2] = 7 * 4; },
+       E8,
        {"block_table: token 1 (request 1): topk[1][2] = 28 lies in logical page 7 (4 per page), expected < 7 columns"}},
-      {"page id range", [](Fixed&, A& a) { a.num_pages = 2; }, E8,
+      {"page id range",
+       [](Fixed&, A& a) { a.num_pages = 2; },
+       E8,
        {"block_table[0][1] = 2 (token 0 (request 0): topk[0][4] = 4), expected a page id < num_pages = 2"}},
       {"on cuda",
-       [](Fixed&, A& a) { all_on_cuda({&a.qsl, &a.slot_swa, &a.topk, &a.block_table, &a.indices, &a.lengths}); }, E8,
+       [](Fixed&, A& a) {
+         all_on_cuda({&a.qsl, &a.slot_swa, &a.topk, &a.block_table, &a.indices, &a.lengths});
+       },
+       E8,
        {"build_decode_topk_slots: the views are on cuda, but build_decode_topk_slots has no CUDA backend yet"}},
   };
-  run_bad<A>(cases, [](Fixed& f) { return f.topk_args(); },
-             [](const A& a, const ExecContext& c) { build_decode_topk_slots(a, c); });
+  run_bad<A>(
+      cases, [](Fixed& f) { return f.topk_args(); },
+      [](const A& a, const ExecContext& c) { build_decode_topk_slots(a, c); });
 }
 
 TEST(ReadPathValidation, SparseMlaMetadata) {
@@ -577,25 +642,45 @@ TEST(ReadPathValidation, SparseMlaMetadata) {
       {"threads", [](Fixed&, A&) {}, E8, {"build_sparse_mla_metadata: ctx.num_threads = -1"}},
       {"type", [](Fixed&, A& a) { a.type = static_cast<LayerType>(3); }, E8, {"type: unknown layer type 3"}},
       {"req dtype", [](Fixed&, A& a) { a.req_id_per_token.dtype = DType::I64; }, E8, {"req_id_per_token: dtype i64"}},
-      {"req short", [](Fixed&, A& a) { a.req_id_per_token.shape[0] = 5; a.compressed_slots.shape[0] = 5; }, E8,
+      {"req short",
+       [](Fixed&, A& a) {
+         a.req_id_per_token.shape[0] = 5;
+         a.compressed_slots.shape[0] = 5;
+       },
+       E8,
        {"req_id_per_token: 5 entries, expected N >= num_actual_tokens = qsl[num_reqs] = 6"}},
-      {"req wrong", [](Fixed& f, A&) { f.t2r[2] = 0; }, E8,
+      {"req wrong",
+       [](Fixed& f, A&) { f.t2r[2] = 0; },
+       E8,
        {"req_id_per_token[2] = 0, expected 1 (the request of token 2 by qsl)"}},
       {"req padding", [](Fixed& f, A&) { f.t2r[7] = 2; }, E8, {"req_id_per_token[7] = 2 (padding row), expected 0"}},
       {"slots absent", [](Fixed&, A& a) { a.compressed_slots = TensorView{}; }, E8, {"compressed_slots: absent"}},
-      {"swaonly with a table", [](Fixed&, A& a) { a.type = LayerType::kSwaOnly; a.compressed_slots = TensorView{}; }, E8,
+      {"swaonly with a table",
+       [](Fixed&, A& a) {
+         a.type = LayerType::kSwaOnly;
+         a.compressed_slots = TensorView{};
+       },
+       E8,
        {"block_table: present, expected absent for swaonly layers"}},
       {"S", [](Fixed&, A& a) { a.states_per_page = -3; }, E8, {"states_per_page: -3"}},
-      {"compressed slots checked", [](Fixed&, A& a) { a.block_table.shape[1] = 0; }, E8,
+      {"compressed slots checked",
+       [](Fixed&, A& a) { a.block_table.shape[1] = 0; },
+       E8,
        {"build_compressed_slots: block_table"}},
-      {"compressed values checked", [](Fixed& f, A&) { f.pos[5] = 7 * 2 * 32 + 1; }, E8,
+      {"compressed values checked",
+       [](Fixed& f, A&) { f.pos[5] = 7 * 2 * 32 + 1; },
+       E8,
        {"build_compressed_slots: block_table: token 5 (request 2, position 449)"}},
       {"on cuda",
-       [](Fixed&, A& a) { all_on_cuda({&a.qsl, &a.positions, &a.block_table, &a.req_id_per_token, &a.compressed_slots}); },
-       E8, {"build_sparse_mla_metadata: the views are on cuda, but build_sparse_mla_metadata has no CUDA backend yet"}},
+       [](Fixed&, A& a) {
+         all_on_cuda({&a.qsl, &a.positions, &a.block_table, &a.req_id_per_token, &a.compressed_slots});
+       },
+       E8,
+       {"build_sparse_mla_metadata: the views are on cuda, but build_sparse_mla_metadata has no CUDA backend yet"}},
   };
-  run_bad<A>(cases, [](Fixed& f) { return f.sparse(); },
-             [](const A& a, const ExecContext& c) { (void)build_sparse_mla_metadata(a, c); });
+  run_bad<A>(
+      cases, [](Fixed& f) { return f.sparse(); },
+      [](const A& a, const ExecContext& c) { (void)build_sparse_mla_metadata(a, c); });
 }
 
 }  // namespace

@@ -59,27 +59,35 @@ TEST(SelectBackend, EveryRowFailsAloneWithItsCode) {
     const char* line;
   };
   const Row rows[] = {
-      {"model dtype", [](ModelConfig&, ComputeDevice&, std::string&, int64_t&, BackendOptions& o) { o.model_dtype = DType::F32; },
-       E4, "[E4] model dtype f32, expected bf16"},
+      {"model dtype",
+       [](ModelConfig&, ComputeDevice&, std::string&, int64_t&, BackendOptions& o) { o.model_dtype = DType::F32; }, E4,
+       "[E4] model dtype f32, expected bf16"},
       {"head size", [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.head_dim = 576; },
        E4, "[E4] head size: head_dim 576 with qk_rope_head_dim 64, expected 512 = 448 NoPE + 64 RoPE"},
-      {"rope dims", [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.qk_rope_head_dim = 128; },
-       E4, "[E4] head size: head_dim 512 with qk_rope_head_dim 128"},
-      {"MLA", [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.num_key_value_heads = 8; },
-       E4, "[E4] MLA: num_key_value_heads 8, expected 1"},
+      {"rope dims",
+       [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.qk_rope_head_dim = 128; }, E4,
+       "[E4] head size: head_dim 512 with qk_rope_head_dim 128"},
+      {"MLA",
+       [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.num_key_value_heads = 8; }, E4,
+       "[E4] MLA: num_key_value_heads 8, expected 1"},
       {"sparse", [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.index_topk = 2048; },
        E4, "[E4] sparse: index_topk 2048, expected 512"},
-      {"window", [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.sliding_window = 256; },
-       E4, "[E4] sliding_window 256, expected 128"},
+      {"window",
+       [](ModelConfig& c, ComputeDevice&, std::string&, int64_t&, BackendOptions&) { c.sliding_window = 256; }, E4,
+       "[E4] sliding_window 256, expected 128"},
       {"kv-cache dtype", [](ModelConfig&, ComputeDevice&, std::string& k, int64_t&, BackendOptions&) { k = "bf16"; },
        E4, "[E4] kv-cache dtype 'bf16', expected auto, fp8_ds_mla or fp8"},
-      {"nvfp4 on sparse", [](ModelConfig&, ComputeDevice&, std::string& k, int64_t&, BackendOptions&) { k = "nvfp4_ds_mla"; },
-       E4, "[E4] kv-cache dtype nvfp4_ds_mla, expected auto, fp8_ds_mla or fp8 (nvfp4_ds_mla is served by "
-           "FLASHMLA_MEGA_ATTN_DSV41 only)"},
-      {"block size", [](ModelConfig&, ComputeDevice&, std::string&, int64_t& b, BackendOptions&) { b = 128; },
-       E4, "[E4] block size 128 tokens, expected 64 (the FLASHMLA_SPARSE_DSV41 kernel block size on cpu)"},
+      {"nvfp4 on sparse",
+       [](ModelConfig&, ComputeDevice&, std::string& k, int64_t&, BackendOptions&) { k = "nvfp4_ds_mla"; }, E4,
+       "[E4] kv-cache dtype nvfp4_ds_mla, expected auto, fp8_ds_mla or fp8 (nvfp4_ds_mla is served by "
+       "FLASHMLA_MEGA_ATTN_DSV41 only)"},
+      {"block size", [](ModelConfig&, ComputeDevice&, std::string&, int64_t& b, BackendOptions&) { b = 128; }, E4,
+       "[E4] block size 128 tokens, expected 64 (the FLASHMLA_SPARSE_DSV41 kernel block size on cpu)"},
       {"block size, SM100 profile",
-       [](ModelConfig&, ComputeDevice& d, std::string&, int64_t& b, BackendOptions&) { d = ComputeDevice::cpu(true); b = 64; },
+       [](ModelConfig&, ComputeDevice& d, std::string&, int64_t& b, BackendOptions&) {
+         d = ComputeDevice::cpu(true);
+         b = 64;
+       },
        E4, "[E4] block size 64 tokens, expected 128"},
       {"SM100: not implemented by dsv41kv",
        [](ModelConfig&, ComputeDevice& d, std::string&, int64_t&, BackendOptions&) { d = ComputeDevice::cuda(10, 0); },
@@ -94,8 +102,9 @@ TEST(SelectBackend, EveryRowFailsAloneWithItsCode) {
     BackendOptions o;
     r.mutate(c, d, k, b, o);
     expect_error([&] { (void)select_backend(c, d, k, b, o); }, r.code,
-                 {std::string("E") + std::to_string(static_cast<int>(r.code)) + ": select_backend: FLASHMLA_SPARSE_DSV41 "
-                  "cannot serve this model on ",
+                 {std::string("E") + std::to_string(static_cast<int>(r.code)) +
+                      ": select_backend: FLASHMLA_SPARSE_DSV41 "
+                      "cannot serve this model on ",
                   ": 1 failing check: ", r.line});
   }
 }
@@ -121,8 +130,8 @@ TEST(SelectBackend, MegaAttentionIsReportedNotImplemented) {
   mega.backend = AttentionBackend::kMega;
   // on SM100 with its own kv-cache dtype: only the implementation row fails
   expect_error([&] { (void)select_backend(flash(), ComputeDevice::cuda(10, 0), "nvfp4_ds_mla", 128, mega); }, E5,
-               {"E5: select_backend: FLASHMLA_MEGA_ATTN_DSV41 cannot serve", "1 failing check: ",
-                "[E5] dsv41kv does not implement FLASHMLA_MEGA_ATTN_DSV41 (SM100 only"});
+               {"E5: select_backend: FLASHMLA_MEGA_ATTN_DSV41 cannot serve",
+                "1 failing check: ", "[E5] dsv41kv does not implement FLASHMLA_MEGA_ATTN_DSV41 (SM100 only"});
   // on SM90 and the CPU: compute capability as well (SPEC 6.7: mega requested on SM90/CPU is E5)
   for (const ComputeDevice& d : {ComputeDevice::cuda(9, 0), ComputeDevice::cpu()})
     expect_error([&] { (void)select_backend(flash(), d, "auto", 0, mega); }, E5,
