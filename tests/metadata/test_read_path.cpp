@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dsv41kv/metadata.hpp"
+#include "support/canary.hpp"
 #include "support/errors.hpp"
 #include "support/random.hpp"
 
@@ -21,16 +22,6 @@ namespace {
 constexpr int32_t kCanary32 = 0x5A5A5A5A;
 constexpr int64_t kCanary64 = 0x5A5A5A5A5A5A5A5ALL;
 constexpr ErrorCode E8 = ErrorCode::kInvalidArgument;
-
-TensorView i32v(std::vector<int32_t>& v) {
-  return TensorView::contiguous(v.data(), DType::I32, {static_cast<int64_t>(v.size())});
-}
-TensorView i64v(std::vector<int64_t>& v) {
-  return TensorView::contiguous(v.data(), DType::I64, {static_cast<int64_t>(v.size())});
-}
-TensorView mat(std::vector<int32_t>& v, int64_t rows, int64_t cols) {
-  return TensorView::contiguous(v.data(), DType::I32, {rows, cols});
-}
 
 // A random step (SPEC 6.1): decodes first, then prefills; positions num_computed + i; padding rows.
 struct ReadBatch {
@@ -87,12 +78,12 @@ ReadBatch make_batch(Rng& rng) {
   }
   r.slot_swa.assign(static_cast<size_t>(r.N), kCanary64);
   TokenSlotArgs ts;
-  ts.token_to_req = i32v(r.t2r);
-  ts.positions = i64v(r.pos);
-  ts.block_table = mat(r.swa_bt, r.num_reqs, r.swa_cols);
+  ts.token_to_req = view_of(r.t2r);
+  ts.positions = view_of(r.pos);
+  ts.block_table = view_of(r.swa_bt, {r.num_reqs, r.swa_cols});
   ts.num_actual_tokens = r.A;
   ts.page = 32;
-  ts.slots = i64v(r.slot_swa);
+  ts.slots = view_of(r.slot_swa);
   build_token_slots(ts);
   return r;
 }
@@ -117,7 +108,7 @@ void for_random_batches(uint64_t salt, int n, F&& f) {
 
 TEST(ReadPathSplit, SharedRuleAndSwaSlotsOfPage32) {
   for_random_batches(0x6A1, 200, [&](ReadBatch& r, [[maybe_unused]] Rng& rng) {
-    const DecodeSplit sp = split_decode_prefill(i32v(r.qsl), r.spec);
+    const DecodeSplit sp = split_decode_prefill(view_of(r.qsl), r.spec);
     std::vector<int32_t> lens;
     for (int64_t b = 0; b < r.num_reqs; ++b) lens.push_back(static_cast<int32_t>(r.qlen(b)));
     ASSERT_EQ(sp.num_decodes, num_decode_requests(lens.data(), r.num_reqs, r.spec));
@@ -139,12 +130,12 @@ TEST(ReadPathSplit, SharedRuleAndSwaSlotsOfPage32) {
   });
   // the worked split: threshold 2 (spec 1): [1, 2, 1] decode, 3 prefill, then a short prefill
   std::vector<int32_t> q{0, 1, 3, 4, 7, 8};
-  const DecodeSplit s = split_decode_prefill(i32v(q), 1);
+  const DecodeSplit s = split_decode_prefill(view_of(q), 1);
   EXPECT_EQ(s.num_decodes, 3);
   EXPECT_EQ(s.num_decode_tokens, 4);
   EXPECT_EQ(s.num_prefills, 2);
   EXPECT_EQ(s.num_prefill_tokens, 4);
-  EXPECT_EQ(split_decode_prefill(i32v(q), 0).num_decodes, 1);
+  EXPECT_EQ(split_decode_prefill(view_of(q), 0).num_decodes, 1);
 }
 
 // ============================================================================ window rows (6.6)
@@ -157,13 +148,13 @@ struct WindowOut {
 
 SwaWindowArgs window_args(ReadBatch& r, WindowOut& o) {
   SwaWindowArgs a;
-  a.qsl = i32v(r.qsl);
+  a.qsl = view_of(r.qsl);
   a.num_speculative_tokens = r.spec;
-  a.positions = i64v(r.pos);
-  a.slot_swa = i64v(r.slot_swa);
-  a.block_table = mat(r.swa_bt, r.num_reqs, r.swa_cols);
-  a.indices = mat(o.idx, r.max_tokens, 128);
-  a.lengths = i32v(o.len);
+  a.positions = view_of(r.pos);
+  a.slot_swa = view_of(r.slot_swa);
+  a.block_table = view_of(r.swa_bt, {r.num_reqs, r.swa_cols});
+  a.indices = view_of(o.idx, {r.max_tokens, 128});
+  a.lengths = view_of(o.len);
   return a;
 }
 
@@ -209,12 +200,12 @@ TEST(SwaWindow, WorkedExample) {
   std::vector<int32_t> bt{9, 9, 3, 5, 0, 6, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};  // [3, 7] + spare
   std::vector<int32_t> idx(5 * 128, kCanary32), len(5, kCanary32);
   SwaWindowArgs a;
-  a.qsl = i32v(qsl);
-  a.positions = i64v(pos);
-  a.slot_swa = i64v(slot);
-  a.block_table = mat(bt, 3, 7);
-  a.indices = mat(idx, 5, 128);
-  a.lengths = i32v(len);
+  a.qsl = view_of(qsl);
+  a.positions = view_of(pos);
+  a.slot_swa = view_of(slot);
+  a.block_table = view_of(bt, {3, 7});
+  a.indices = view_of(idx, {5, 128});
+  a.lengths = view_of(len);
   build_swa_window(a);
   EXPECT_EQ(len, (std::vector<int32_t>{128, 0, 0, 0, 0}));
   // position 73 + k: page (73 + k) / 32 of row 0 = [9, 9, 3, 5, 0, 6, 7]
@@ -237,11 +228,11 @@ TEST(PrefillGather, RandomBatchesMatchTheFormula) {
     const int64_t n = r.num_reqs - r.num_decodes + rng.integer(0, 3);
     std::vector<int64_t> g(static_cast<size_t>(n), kCanary64), gs(g);
     PrefillGatherArgs a;
-    a.qsl = i32v(r.qsl);
+    a.qsl = view_of(r.qsl);
     a.num_speculative_tokens = r.spec;
-    a.seq_lens = i64v(r.seq_lens);
-    a.gather_lens = i64v(g);
-    a.gather_starts = i64v(gs);
+    a.seq_lens = view_of(r.seq_lens);
+    a.gather_lens = view_of(g);
+    a.gather_starts = view_of(gs);
     build_prefill_gather(a);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t b = r.num_decodes + i;
@@ -259,10 +250,10 @@ TEST(PrefillGather, RandomBatchesMatchTheFormula) {
   std::vector<int32_t> q{0, 5, 10, 15, 20, 25};
   std::vector<int64_t> sl{5, 6, 132, 133, 505}, g(6, kCanary64), gs(6, kCanary64);
   PrefillGatherArgs a;
-  a.qsl = i32v(q);
-  a.seq_lens = i64v(sl);
-  a.gather_lens = i64v(g);
-  a.gather_starts = i64v(gs);
+  a.qsl = view_of(q);
+  a.seq_lens = view_of(sl);
+  a.gather_lens = view_of(g);
+  a.gather_starts = view_of(gs);
   build_prefill_gather(a);
   EXPECT_EQ(g, (std::vector<int64_t>{5, 6, 132, 132, 132, 0}));
   EXPECT_EQ(gs, (std::vector<int64_t>{0, 0, 0, 1, 373, 0}));
@@ -302,14 +293,14 @@ TEST(DecodeTopkSlots, RandomBatchesMatchTheLiteralRows) {
     TopkCase c = make_topk(r, rng);
     WindowOut o(r.max_tokens, c.K);
     DecodeTopkSlotArgs a;
-    a.qsl = i32v(r.qsl);
+    a.qsl = view_of(r.qsl);
     a.num_speculative_tokens = r.spec;
-    a.slot_swa = i64v(r.slot_swa);
-    a.topk = mat(c.topk, r.max_tokens, c.K);
-    a.block_table = mat(c.bt, r.num_reqs, c.cols);
+    a.slot_swa = view_of(r.slot_swa);
+    a.topk = view_of(c.topk, {r.max_tokens, c.K});
+    a.block_table = view_of(c.bt, {r.num_reqs, c.cols});
     a.states_per_page = c.S;
-    a.indices = mat(o.idx, r.max_tokens, c.K);
-    a.lengths = i32v(o.len);
+    a.indices = view_of(o.idx, {r.max_tokens, c.K});
+    a.lengths = view_of(o.len);
     build_decode_topk_slots(a);
     WindowOut e(r.max_tokens, c.K);
     for (int64_t t = 0; t < r.max_tokens; ++t) {
@@ -348,20 +339,20 @@ TEST(SparseMlaMetadata, EveryLayerTypeOfTheModelOnEveryProfile) {
         if (!cfg.has_ratio(ratio)) continue;  // built once per layer type present
         SCOPED_TRACE(dev.describe() + " ratio " + std::to_string(ratio));
         std::vector<int32_t> t2r(static_cast<size_t>(r.N), kCanary32);
-        build_token_to_req({i32v(r.qsl), i32v(t2r), r.A});
+        build_token_to_req({view_of(r.qsl), view_of(t2r), r.A});
         const std::vector<int32_t> t2r_before = t2r;
         std::vector<int64_t> cs(static_cast<size_t>(r.N), kCanary64);
         SparseMlaMetadataArgs a;
         a.type = layer_type_of_ratio(ratio);
         a.device = dev;
         a.num_speculative_tokens = r.spec;
-        a.qsl = i32v(r.qsl);
-        a.positions = i64v(r.pos);
-        a.req_id_per_token = i32v(t2r);
+        a.qsl = view_of(r.qsl);
+        a.positions = view_of(r.pos);
+        a.req_id_per_token = view_of(t2r);
         if (ratio > 0) {
-          a.block_table = mat(cbt, r.num_reqs, 8);
-          a.token_slots = i64v(r.slot_swa);
-          a.compressed_slots = i64v(cs);
+          a.block_table = view_of(cbt, {r.num_reqs, 8});
+          a.token_slots = view_of(r.slot_swa);
+          a.compressed_slots = view_of(cs);
         }
         const SparseMlaMetadata m = build_sparse_mla_metadata(a);
         const int64_t block = dev.sm100_profile ? 128 : 64;  // the CPU, its SM100 profile, sm_90
@@ -423,45 +414,45 @@ struct Fixed {
   }
   SwaWindowArgs window() {
     SwaWindowArgs a;
-    a.qsl = i32v(qsl);
+    a.qsl = view_of(qsl);
     a.num_speculative_tokens = 1;
-    a.positions = i64v(pos);
-    a.slot_swa = i64v(slot);
-    a.block_table = mat(bt, 3, 7);
-    a.indices = mat(idx, 10, 128);
-    a.lengths = i32v(len);
+    a.positions = view_of(pos);
+    a.slot_swa = view_of(slot);
+    a.block_table = view_of(bt, {3, 7});
+    a.indices = view_of(idx, {10, 128});
+    a.lengths = view_of(len);
     return a;
   }
   DecodeTopkSlotArgs topk_args() {
     DecodeTopkSlotArgs a;
-    a.qsl = i32v(qsl);
+    a.qsl = view_of(qsl);
     a.num_speculative_tokens = 1;
-    a.slot_swa = i64v(slot);
-    a.topk = mat(topk, 10, 16);
-    a.block_table = mat(bt, 3, 7);
+    a.slot_swa = view_of(slot);
+    a.topk = view_of(topk, {10, 16});
+    a.block_table = view_of(bt, {3, 7});
     a.states_per_page = 4;
     a.indices = TensorView::contiguous(idx.data(), DType::I32, {10, 16});
-    a.lengths = i32v(len);
+    a.lengths = view_of(len);
     return a;
   }
   PrefillGatherArgs gather() {
     PrefillGatherArgs a;
-    a.qsl = i32v(qsl);
+    a.qsl = view_of(qsl);
     a.num_speculative_tokens = 1;
-    a.seq_lens = i64v(seq);
-    a.gather_lens = i64v(g);
-    a.gather_starts = i64v(gs);
+    a.seq_lens = view_of(seq);
+    a.gather_lens = view_of(g);
+    a.gather_starts = view_of(gs);
     return a;
   }
   SparseMlaMetadataArgs sparse() {
     SparseMlaMetadataArgs a;
     a.type = LayerType::kC2A;
     a.num_speculative_tokens = 1;
-    a.qsl = i32v(qsl);
-    a.positions = i64v(pos);
-    a.block_table = mat(bt, 3, 7);
-    a.req_id_per_token = i32v(t2r);
-    a.compressed_slots = i64v(cs);
+    a.qsl = view_of(qsl);
+    a.positions = view_of(pos);
+    a.block_table = view_of(bt, {3, 7});
+    a.req_id_per_token = view_of(t2r);
+    a.compressed_slots = view_of(cs);
     return a;
   }
 };
