@@ -2,7 +2,10 @@
 // layer topology derived from it (ratio, layer type, kv/index sources per layer).
 //
 // Errors: a compress ratio not in {0,1,2} is E1 (kConfigRatio); missing/empty/inconsistent
-// kv_source_layer_ids / index_source_layer_ids are E7 (kTopology); head_dim != 512,
+// kv_source_layer_ids / index_source_layer_ids / candidate_source_layer_id are E7 (kTopology: a
+// compressed layer's kv source of another ratio, a kv source that is not an index source, a layer
+// whose index source scores another kv source's cache than the one it reads, a candidate source
+// that is not a ratio-1 kv + index source); head_dim != 512,
 // qk_rope_head_dim != 64, index_head_dim != 128 are E4 (kBackendUnsupported); malformed JSON,
 // a missing required key or a value of the wrong type is kFormat. Every message names the key,
 // the value and what was expected. No value is ever defaulted silently: rms_norm_eps in
@@ -42,6 +45,9 @@ struct LayerInfo {
   bool is_draft = false;         // index >= num_hidden_layers (MTP/nextn layers)
   bool is_kv_source = false;     // owns a compressor, compressed cache, indexer-K cache
   bool is_index_source = false;  // runs an indexer and writes the top-k buffer
+  bool is_candidate_source = false;    // == candidate_source_layer_id: writes the candidate blocks
+  bool is_candidate_consumer = false;  // an index source scoring the candidate source's indexer-K
+                                       // cache, masked to its candidate blocks (SPEC 8.7)
   int kv_src = -1;               // ratio > 0: the kv source whose compressed cache it reads
   int idx_src = -1;              // ratio > 0: the index source whose top-k it reads
 };

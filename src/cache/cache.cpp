@@ -17,6 +17,16 @@ void insert(const InsertArgs& args, const ExecContext& ctx) {
       [&] { detail::cpu::insert(args, p, ctx); }, [&] { detail::cuda::insert(args, p, ctx); });
 }
 
+void swa_insert_q_rope(const SwaInsertArgs& args, const ExecContext& ctx) {
+  static constexpr const char* op = "swa_insert_q_rope";
+  detail::check_exec_context(ctx, op);
+  const detail::InsertViews v = detail::swa_insert_views(args);
+  const detail::SwaInsertPlan p = detail::plan_swa_insert(args, v);
+  detail::dispatch_cpu_only(
+      op, p.insert.device, p.insert.N == 0, [&] { detail::check_swa_insert_values(args, v, p); },
+      [&] { detail::cpu::swa_insert_q_rope(args, p, ctx); });
+}
+
 void gather(const GatherArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "gather");
   const detail::GatherPlan p = detail::plan_gather(args);

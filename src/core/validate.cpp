@@ -21,6 +21,12 @@ void built_without_cuda(const char* what) {
   invalid_argument(fmt::format("{}: dsv41kv was built without CUDA (DSV41KV_CUDA=OFF)", what));
 }
 
+void no_cuda_backend(const char* op) {
+  invalid_argument(fmt::format(
+      "{}: the views are on cuda, but {} has no CUDA backend yet (its kernels are not written; expected cpu views)",
+      op, op));
+}
+
 void check_exec_context(const ExecContext& ctx, const char* op) {
   if (ctx.num_threads < 0)
     invalid_argument(

@@ -15,14 +15,21 @@
 namespace dsv41kv::detail {
 
 InsertPlan plan_insert(const char* op, const InsertViews& v, bool require_latent) {
-  need_ratio(op, v.ratio, ErrorCode::kCompressorRatio, "compressor ratio, SPEC 1.2");
+  const bool swa = v.kind == InsertKind::kSwa;
+  if (swa) {
+    if (v.ratio != kSwaInsertRatio)
+      bad_arg(op, "ratio", fmt::format("{}, expected {} (the SWA insert, SPEC 5.4)", v.ratio, kSwaInsertRatio));
+  } else {
+    need_ratio(op, v.ratio, ErrorCode::kCompressorRatio, "compressor ratio, SPEC 1.2");
+  }
   InsertPlan p;
   p.ratio = v.ratio;
-  p.N = need_vector(op, *v.slots, v.slots_arg, DType::I64, "i64 [N] compressed-cache slots");
+  p.N = need_vector(op, *v.slots, v.slots_arg, DType::I64,
+                    swa ? "i64 [N] SWA slots" : "i64 [N] compressed-cache slots");
   p.device = v.slots->device;
   if (require_latent || v.latent->present()) {
-    need_rows(op, *v.latent, "latent", DType::BF16, kLatentDim, p.N, "bf16 [rows >= N, 512]");
-    need_contiguous(op, *v.latent, "latent");
+    need_rows(op, *v.latent, v.latent_arg, DType::BF16, kLatentDim, p.N, "bf16 [rows >= N, 512]");
+    need_contiguous(op, *v.latent, v.latent_arg);
   }
   need_vector(op, *v.positions, "positions", DType::I64, "i64 [>= N] positions", p.N);
   need_rows(op, *v.rope_table, "rope_table", DType::F32, kRopeDim, 1, "f32 [table_rows >= 1, 64]");
@@ -30,9 +37,14 @@ InsertPlan plan_insert(const char* op, const InsertViews& v, bool require_latent
   p.table_rows = v.rope_table->shape[0];
   const std::string cache_arg = fmt::format("{}: cache", op);
   validate_cache(*v.cache, cache_arg.c_str());
+  if (swa && v.cache->format == RecordFormat::NVFP4_288)
+    bad_arg(op, "cache",
+            fmt::format("format {}, expected v4_584 or mxfp8_528 (the platform's record, SPEC 3.4) or plain bf16 / "
+                        "fp8 rows",
+                        record_info(v.cache->format).name));
   p.capacity = v.cache->num_pages * v.cache->states_per_page;
 
-  need_device(op, *v.latent, "latent", p.device, v.slots_arg);
+  need_device(op, *v.latent, v.latent_arg, p.device, v.slots_arg);
   need_device(op, *v.positions, "positions", p.device, v.slots_arg);
   need_device(op, *v.rope_table, "rope_table", p.device, v.slots_arg);
   if (v.cache->device != p.device)

@@ -1,8 +1,13 @@
-// The RoPE + quantized insert of SPEC 5.1 as a format rule, shared by the cache's insert and the
-// compressor's fused compress_insert: which tokens are written (slot >= 0 and closing its group),
-// the RoPE at the group start row, the record written for one state, the checks of an insert's
-// views and values, and the CPU loop over tokens. The device form of the per-state write is
-// formats/cuda/record_writers.cuh.
+// The RoPE + quantized insert of SPEC 5.1 as a format rule, shared by the cache's insert, the
+// compressor's fused compress_insert and the SWA insert (SPEC 5.4): which tokens are written
+// (slot >= 0 and closing its group), the RoPE at the group start row, the record written for one
+// state, the checks of an insert's views and values, and the CPU loop over tokens. The device form
+// of the per-state write is formats/cuda/record_writers.cuh.
+//
+// The SWA insert is this insert with ratio 1 (kSwaInsertRatio): every token closes its group of
+// one and its RoPE row (p / 1) * 1 is its own position, so the rule, the checks and the loop are
+// the same ones; only the allowed formats (the platform's record, SPEC 3.4) and the argument
+// names differ (InsertKind).
 #pragma once
 
 #include <cstdint>
@@ -21,16 +26,27 @@ struct InsertPlan {
   int64_t capacity = 0;    // cache.num_pages * cache.states_per_page
 };
 
-// The views of an insert (SPEC 5.1): `op` prefixes the messages, `slots_arg` names the slot
-// mapping. `latent` may be absent unless require_latent (compress_insert's insert half, whose
-// latent never leaves the fused op). E3 for a ratio outside {1, 2}, E8 otherwise.
+// SPEC 5.4: the ratio of the SWA insert (one state per raw token, RoPE at the token's position).
+inline constexpr int kSwaInsertRatio = 1;
+
+// What an insert writes: a kv source's compressed cache (ratio 1 or 2, every record format) or a
+// layer's SWA cache (ratio kSwaInsertRatio, the 584 / 528 records or plain rows: SPEC 3.4 names the
+// platform's record, the plain rows are the kernel-level formats of tests).
+enum class InsertKind : uint8_t { kCompressed, kSwa };
+
+// The views of an insert (SPEC 5.1): `op` prefixes the messages, `latent_arg` and `slots_arg` name
+// the rows and the slot mapping. `latent` may be absent unless require_latent (compress_insert's
+// insert half, whose latent never leaves the fused op). E3 for a ratio outside {1, 2} (kCompressed;
+// kSwa needs kSwaInsertRatio), E8 otherwise.
 struct InsertViews {
+  InsertKind kind = InsertKind::kCompressed;
   int ratio = 2;
   const TensorView* latent = nullptr;      // bf16 [rows >= N, 512], contiguous
   const TensorView* positions = nullptr;   // i64 [>= N]
   const TensorView* rope_table = nullptr;  // f32 [rows, 64], contiguous
   const TensorView* slots = nullptr;       // i64 [N]
   const char* slots_arg = "slots";
+  const char* latent_arg = "latent";
   const CacheView* cache = nullptr;
 };
 InsertPlan plan_insert(const char* op, const InsertViews& v, bool require_latent);

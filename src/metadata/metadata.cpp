@@ -14,6 +14,7 @@
 #include "dsv41kv/records.hpp"
 #include "core/validate.hpp"
 #include "metadata/backend.hpp"
+#include "metadata/host.hpp"
 #include "metadata/slots.hpp"
 
 namespace dsv41kv {
@@ -36,14 +37,8 @@ void need_num_actual(const char* op, int64_t num_actual, int64_t N) {
                     num_actual, N));
 }
 
-void need_optional_count(const char* op, const char* arg, int64_t v) {
-  if (v < -1) bad_arg(op, arg, fmt::format("{}, expected -1 (unchecked) or >= 0", v));
-}
-
-
-int32_t table_at(const TensorView& t, int64_t row, int64_t col) {
-  return t.ptr<const int32_t>()[row * t.stride[0] + col * t.stride[1]];
-}
+using detail::need_optional_count;
+using detail::table_at;
 
 // Shared structure of the three slot builders: token_to_req [N], positions [>= N], a block
 // table, an i64 output [N]; returns N.
@@ -118,10 +113,7 @@ int64_t num_decode_requests(const int32_t* query_lens, int64_t num_reqs,
     invalid_argument(fmt::format(
         "num_decode_requests: query_lens: null pointer for num_reqs = {}, expected {} lengths",
         num_reqs, num_reqs));
-  const int64_t threshold = 1 + num_speculative_tokens;
-  int64_t j = 0;
-  while (j < num_reqs && query_lens[j] <= threshold) ++j;
-  return j;
+  return detail::decode_prefix(num_reqs, num_speculative_tokens, [&](int64_t j) { return query_lens[j]; });
 }
 
 void validate_qsl(const TensorView& qsl, int64_t num_actual_tokens, int64_t N, const char* arg) {

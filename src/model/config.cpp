@@ -231,11 +231,38 @@ void finalize_topology(ModelConfig& c, const std::string& src) {
                                              "ratio {}; they must be equal", src, L, li.ratio, li.kv_src,
                                              c.ratio(li.kv_src)));
   }
-  if (c.candidate_source_layer_id >= 0 &&
-      (c.candidate_source_layer_id >= n || !layers[static_cast<size_t>(c.candidate_source_layer_id)].is_index_source))
+  // SPEC 1.3: a compressed layer reads the compressed cache of kv_src(L) at the indices of the top-k
+  // of idx_src(L), which name entries of the cache that index source scores, kv_src(idx_src(L)).
+  // Every kv source must be an index source: then idx_src(L) lies between kv_src(L) and L, so its
+  // kv source is kv_src(L) (and its ratio the layer's), the one cache both refer to.
+  for (const int s : c.kv_source_layer_ids)
+    if (!layers[static_cast<size_t>(s)].is_index_source)
+      fail(ErrorCode::kTopology, fmt::format("{}: kv source layer {} is not in index_source_layer_ids {}: a kv source "
+                                             "runs the indexer over its own indexer-K cache, and the layers up to the "
+                                             "next kv source read top-k indices into its compressed cache", src, s,
+                                             c.index_source_layer_ids));
+  const int cs = c.candidate_source_layer_id;
+  if (cs >= 0 && (cs >= n || !layers[static_cast<size_t>(cs)].is_index_source))
     fail(ErrorCode::kTopology, fmt::format("{}: candidate_source_layer_id is {}, expected one of "
-                                           "index_source_layer_ids {}", src, c.candidate_source_layer_id,
-                                           c.index_source_layer_ids));
+                                           "index_source_layer_ids {}", src, cs, c.index_source_layer_ids));
+  if (cs >= 0) {
+    // SPEC 1.3, 8.7: the candidate source scores its own (ratio-1) indexer-K cache and keeps blocks
+    // of it; its consumers are the later index sources that score the same cache.
+    LayerInfo& cl = layers[static_cast<size_t>(cs)];
+    if (cl.ratio != 1)
+      fail(ErrorCode::kTopology, fmt::format("{}: candidate_source_layer_id is layer {} with compress ratio {}, "
+                                             "expected a ratio-1 layer", src, cs, cl.ratio));
+    if (!cl.is_kv_source)
+      fail(ErrorCode::kTopology, fmt::format("{}: candidate_source_layer_id is layer {}, which is not in "
+                                             "kv_source_layer_ids {}: the candidate blocks cover the candidate "
+                                             "source's own indexer-K cache, the one its consumers score", src, cs,
+                                             c.kv_source_layer_ids));
+    need_positive("candidate_topk_blocks", c.candidate_topk_blocks);
+    need_positive("candidate_block_size", c.candidate_block_size);
+    cl.is_candidate_source = true;
+    for (LayerInfo& li : layers)
+      li.is_candidate_consumer = li.is_index_source && li.index != cs && li.kv_src == cs;
+  }
   c.layers = std::move(layers);
 }
 
@@ -342,7 +369,8 @@ std::string describe_topology(const ModelConfig& c) {
     std::string roles;
     if (li.is_kv_source) roles += " kv-source";
     if (li.is_index_source) roles += " index-source";
-    if (li.index == c.candidate_source_layer_id) roles += " candidate-source";
+    if (li.is_candidate_source) roles += " candidate-source";
+    if (li.is_candidate_consumer) roles += " candidate-consumer";
     if (li.is_draft) roles += " draft";
     if (li.ratio > 0)
       out += fmt::format("layer {:>3}: r={} {:<7} kv_src {:>3} idx_src {:>3}{}\n", li.index, li.ratio,

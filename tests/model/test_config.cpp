@@ -58,6 +58,10 @@ TEST(ModelConfig, FlashBuiltinMatchesSpec) {
     EXPECT_EQ(li.kv_src, want_kv) << L;
     EXPECT_EQ(li.idx_src, want_idx) << L;
   }
+  for (int L = 0; L < 43; ++L) {
+    EXPECT_EQ(c.layer(L).is_candidate_source, L == 20) << L;
+    EXPECT_EQ(c.layer(L).is_candidate_consumer, L == 24 || L == 28 || L == 32 || L == 36) << L;
+  }
   EXPECT_STREQ(layer_type_name(c.layer(5).type), "c2a");
   EXPECT_STREQ(layer_type_name(c.layer(25).type), "c1a");
   EXPECT_STREQ(layer_type_name(c.layer(41).type), "swaonly");
@@ -65,6 +69,9 @@ TEST(ModelConfig, FlashBuiltinMatchesSpec) {
   EXPECT_THROW((void)c.layer(43), Error);
   EXPECT_THROW((void)c.ratio(-1), Error);
   EXPECT_NE(describe_topology(c).find("layer  20: r=1 c1a     kv_src  20 idx_src  20 kv-source index-source candidate-source"),
+            std::string::npos)
+      << describe_topology(c);
+  EXPECT_NE(describe_topology(c).find("layer  28: r=1 c1a     kv_src  20 idx_src  28 index-source candidate-consumer"),
             std::string::npos)
       << describe_topology(c);
 }
@@ -174,6 +181,26 @@ TEST(ModelConfig, E7Sources) {
   j = flash_json();
   j["candidate_source_layer_id"] = 21;
   expect_error(j, ErrorCode::kTopology, {"candidate_source_layer_id", "21"});
+  // a kv source that is not an index source: layers 9..13 would read top-k indices of layer 2's
+  // cache at layer 8's
+  j = flash_json();
+  j["index_source_layer_ids"] = {2, 14, 20, 24, 28, 32, 36};
+  expect_error(j, ErrorCode::kTopology, {"E7", "kv source layer 8 is not in index_source_layer_ids"});
+  // the candidate source: a ratio-1 kv + index source
+  j = flash_json();
+  j["candidate_source_layer_id"] = 14;
+  expect_error(j, ErrorCode::kTopology, {"E7", "candidate_source_layer_id is layer 14 with compress ratio 2",
+                                         "expected a ratio-1 layer"});
+  j = flash_json();
+  j["candidate_source_layer_id"] = 24;
+  expect_error(j, ErrorCode::kTopology, {"E7", "candidate_source_layer_id is layer 24, which is not in "
+                                         "kv_source_layer_ids"});
+  j = flash_json();
+  j["candidate_topk_blocks"] = 0;
+  expect_error(j, ErrorCode::kInvalidArgument, {"'candidate_topk_blocks' is 0, expected a positive integer"});
+  j = flash_json();
+  j.erase("candidate_block_size");
+  expect_error(j, ErrorCode::kInvalidArgument, {"'candidate_block_size' is 0"});
   // no compressed layer: the lists may be absent
   j = flash_json();
   j["compress_ratios"] = json::array();
