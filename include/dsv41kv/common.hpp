@@ -35,6 +35,7 @@ enum class ErrorCode : int {
   kFormat = 101,           // malformed file (safetensors, config.json, conformance)
   kCuda = 102,             // a CUDA runtime/library call failed
   kComm = 103,             // communicator failure (timeout, dead peer)
+  kCapacity = 104,         // a cache pool has no free page or ring block for a request
 };
 
 // The single exception type of the library. what() is "E<code>: <message>" for E1..E10.

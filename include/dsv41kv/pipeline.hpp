@@ -86,6 +86,9 @@ struct StepRequest {
   // nothing is written there (SPEC 6.4 DECISION).
   std::vector<int32_t> c1a_pages;
   std::vector<int32_t> c2a_pages;
+  // The SWA cache's row (SPEC 3.4: pages of swa_page_tokens tokens; the same page ids for every
+  // layer's SWA cache), as the CacheAllocator hands it out.
+  std::vector<int32_t> swa_pages;
   const std::vector<int32_t>& pages(int ratio) const { return ratio == 1 ? c1a_pages : c2a_pages; }
 };
 

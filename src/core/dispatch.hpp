@@ -11,7 +11,7 @@
 namespace dsv41kv::detail {
 
 template <class Values, class Cpu, class Cuda>
-void dispatch(const char* op, Device device, bool empty, Values&& check_values, Cpu&& cpu,
+void dispatch([[maybe_unused]] const char* op, Device device, bool empty, Values&& check_values, Cpu&& cpu,
               [[maybe_unused]] Cuda&& cuda) {
   if (device == Device::CPU) {
     check_values();
