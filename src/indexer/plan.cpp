@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "core/validate.hpp"
 #include "formats/insert.hpp"
@@ -65,6 +66,19 @@ void need_cpu_backend(const char* op, Device device) {
     invalid_argument(fmt::format("{}: the views are on {}, but the indexer has no CUDA backend yet (its Hopper "
                                  "kernels come in a later issue), expected cpu views",
                                  op, device_name(device)));
+}
+
+// Every present view, and the cache when given, on `device` like the view named `ref` (one device
+// per call); then the CPU-only check.
+void need_one_device(const char* op, Device device, const char* ref,
+                     std::initializer_list<std::pair<const TensorView*, const char*>> views,
+                     const IndexKCacheView* cache = nullptr, const char* cache_arg = "") {
+  for (const auto& [v, name] : views) need_device(op, *v, name, device, ref);
+  if (cache != nullptr && cache->device != device)
+    bad_arg(op, cache_arg,
+            fmt::format("on {}, expected {} like {} (all views of one call on one device)",
+                        device_name(cache->device), device_name(device), ref));
+  need_cpu_backend(op, device);
 }
 
 void need_table(const char* op, const TensorView& t) {
@@ -127,14 +141,10 @@ IndexKStorePlan plan_index_k_store(const IndexKStoreArgs& a) {
   p.table_rows = a.rope_table.shape[0];
   validate_index_k_cache(a.cache, op, "cache");
   p.capacity = a.cache.num_pages * a.cache.states_per_page;
-  for (const auto& [v, name] : {std::pair{&a.latent, "latent"}, {&a.positions, "positions"}, {&a.wk, "wk"},
-                                {&a.k_norm, "k_norm"}, {&a.rope_table, "rope_table"}})
-    need_device(op, *v, name, p.device, "slots");
-  if (a.cache.device != p.device)
-    bad_arg(op, "cache",
-            fmt::format("on {}, expected {} like slots (all views of one call on one device)",
-                        device_name(a.cache.device), device_name(p.device)));
-  need_cpu_backend(op, p.device);
+  need_one_device(op, p.device, "slots",
+                  {{&a.latent, "latent"}, {&a.positions, "positions"}, {&a.wk, "wk"}, {&a.k_norm, "k_norm"},
+                   {&a.rope_table, "rope_table"}},
+                  &a.cache, "cache");
   return p;
 }
 
@@ -161,10 +171,9 @@ IndexQPrepPlan plan_index_q_prep(const IndexQPrepArgs& a) {
   p.table_rows = a.rope_table.shape[0];
   need_shape(op, a.q8, "q8", DType::U8, {p.T, kIndexHeads, kIndexHeadDim}, p.T, false, "u8 [rows >= T, 32, 128]");
   need_shape(op, a.w, "w", DType::F32, {p.T, kIndexHeads}, p.T, false, "f32 [rows >= T, 32]");
-  for (const auto& [v, name] : {std::pair{&a.w_raw, "w_raw"}, {&a.positions, "positions"},
-                                {&a.rope_table, "rope_table"}, {&a.q8, "q8"}, {&a.w, "w"}})
-    need_device(op, *v, name, p.device, "q");
-  need_cpu_backend(op, p.device);
+  need_one_device(op, p.device, "q",
+                  {{&a.w_raw, "w_raw"}, {&a.positions, "positions"}, {&a.rope_table, "rope_table"}, {&a.q8, "q8"},
+                   {&a.w, "w"}});
   return p;
 }
 
@@ -225,15 +234,11 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
     p.scores_cols = a.scores.shape[1];
     p.scores_stride = a.scores.stride[0];
   }
-  for (const auto& [v, name] :
-       {std::pair{&a.token_to_req, "token_to_req"}, {&a.token_valid, "token_valid"}, {&a.q8, "q8"}, {&a.w, "w"},
-        {&a.block_table, "block_table"}, {&a.topk, "topk"}, {&a.candidates, "candidates"}, {&a.scores, "scores"}})
-    need_device(op, *v, name, p.device, "positions");
-  if (a.k_cache.device != p.device)
-    bad_arg(op, "k_cache",
-            fmt::format("on {}, expected {} like positions (all views of one call on one device)",
-                        device_name(a.k_cache.device), device_name(p.device)));
-  need_cpu_backend(op, p.device);
+  need_one_device(op, p.device, "positions",
+                  {{&a.token_to_req, "token_to_req"}, {&a.token_valid, "token_valid"}, {&a.q8, "q8"}, {&a.w, "w"},
+                   {&a.block_table, "block_table"}, {&a.topk, "topk"}, {&a.candidates, "candidates"},
+                   {&a.scores, "scores"}},
+                  &a.k_cache, "k_cache");
   return p;
 }
 
@@ -306,9 +311,7 @@ IndexerShortcutPlan plan_indexer_shortcut(const IndexerShortcutArgs& a) {
   if (a.token_valid.present()) need_token_vector(op, a.token_valid, "token_valid", p.T, "i32 [T], 0 = invalid token");
   need_index_rows(op, a.topk, "topk", kIndexTopk, p.T, "i32 [rows >= T, 512] top-k buffer");
   p.topk_stride = a.topk.stride[0];
-  need_device(op, a.token_valid, "token_valid", p.device, "positions");
-  need_device(op, a.topk, "topk", p.device, "positions");
-  need_cpu_backend(op, p.device);
+  need_one_device(op, p.device, "positions", {{&a.token_valid, "token_valid"}, {&a.topk, "topk"}});
   return p;
 }
 
