@@ -125,7 +125,7 @@ TEST(IndexerTopk, TiesRankByIndex) {
 // boundary (n_c 16384 = 2048 blocks: every block kept), with the consumer masked to them.
 TEST(IndexerTopk, CandidateSourceAndConsumer) {
   Rng rng(7);
-  IndexerStep s = make_step(rng, 1, {{16383, 3}, {700, 2}, {20000, 1}}, 64, {3});
+  IndexerStep s = make_step(rng, 1, {{16383, 3}, {700, 2}}, 64, {3});
   indexer_topk(s.args(IndexerRole::kCandidateSource));
   expect_topk_is_full_sort(s);  // the source's own top-k is unmasked
   for (int64_t t = 0; t < s.T; ++t) {
@@ -177,9 +177,9 @@ TEST(IndexerTopk, CandidateSourceAndConsumer) {
 // block 5 is the one block dropped, and the consumer's top-k loses its 8 entries.
 TEST(IndexerTopk, CandidatesHaveAnEffectExactlyBeyond16384Entries) {
   Rng rng(11);
-  IndexerStep s = make_step(rng, 1, {{16383, 3}}, 64);  // n_c = 16384, 16385, 16386
+  IndexerStep s = make_step(rng, 1, {{16383, 2}}, 64);  // n_c = 16384, 16385
   auto positive = [&] { return static_cast<uint8_t>(rng.integer(0x08, 0x70)); };
-  for (int64_t i = 0; i < s.nc(2); ++i) {
+  for (int64_t i = 0; i < s.nc(1); ++i) {
     uint8_t* pg = const_cast<uint8_t*>(s.page_of(0, i));
     uint8_t* k = pg + (i % s.S) * kIndexHeadDim;
     const bool b5 = i / 8 == 5;
@@ -216,8 +216,8 @@ TEST(IndexerTopk, CandidatesHaveAnEffectExactlyBeyond16384Entries) {
   for (int j = 0; j < kCandidateTopkBlocks; ++j) ASSERT_EQ(s.cand_row(0)[j], j);
   EXPECT_EQ(row_vec(c.topk_row(0), kIndexTopk), row_vec(plain.topk_row(0), kIndexTopk));
   EXPECT_TRUE(has_block5(plain.topk_row(0)));
-  // n_c = 16385, 16386: 2049 blocks, block 5 dropped; the consumer's top-k differs from the plain one
-  for (int64_t t = 1; t < 3; ++t) {
+  // n_c = 16385: 2049 blocks, block 5 dropped; the consumer's top-k differs from the plain one
+  for (int64_t t = 1; t < 2; ++t) {
     SCOPED_TRACE("n_c " + std::to_string(s.nc(t)));
     bool has5 = false;
     for (int j = 0; j < kCandidateTopkBlocks; ++j) has5 = has5 || s.cand_row(t)[j] == 5;
@@ -255,12 +255,13 @@ TEST(IndexerShortcut, EqualsTheScoredPath) {
   EXPECT_FALSE(indexer_takes_shortcut(100, 1, true)) << "never while a CUDA graph is captured";
 }
 
-// The same outputs, bit for bit, with 1, 3 and 4 threads: one token (its entries split over the
-// threads) and a step of several tokens (tokens split), for every role.
+// The same outputs, bit for bit, with 1 and 4 threads (3 for the uneven split): one token (its
+// entries split over the threads) and a step of more tokens than threads (tokens split), for every
+// role.
 TEST(IndexerTopk, ThreadCountInvariance) {
   Rng rng(99);
   for (const std::vector<RequestSpec>& reqs :
-       {std::vector<RequestSpec>{{30000, 1}}, std::vector<RequestSpec>{{5000, 4}, {800, 3}, {17000, 2}}}) {
+       {std::vector<RequestSpec>{{9000, 1}}, std::vector<RequestSpec>{{2000, 3}, {600, 2}, {1500, 2}}}) {
     IndexerStep base = make_step(rng, 1, reqs, 64);
     indexer_topk(base.args(IndexerRole::kCandidateSource), ExecContext{nullptr, 1});
     const std::vector<int32_t> cand = base.cand.vec();

@@ -208,13 +208,13 @@ TEST(IndexerConformance, DumpWritesTheOutputs) {
 // ---------------------------------------------------------------- candidate roles
 
 // A file of the README's format with a candidate-source case and a candidate-consumer case over
-// one random step (n_c up to 17001: more than 2048 blocks), its references the library's outputs.
-std::string write_candidate_file(const TempDir& tmp, const std::function<void(std::vector<int32_t>&)>& doctor = {}) {
+// one random step (n_c 17001, more than 2048 blocks, and 901), its references the library's outputs.
+std::string write_candidate_file(const TempDir& tmp) {
   Rng rng(17);
-  const int64_t T = 3, S = 64, num_reqs = 2, bt_cols = 270, num_pages = 2 * 268 + 2, table_rows = 17100;
+  const int64_t T = 2, S = 64, num_reqs = 2, bt_cols = 270, num_pages = 2 * 268 + 2, table_rows = 17100;
   const int64_t stride = IndexerKFp8Layout::default_page_stride(S);
-  std::vector<int64_t> pos = {17000, 16383, 900};
-  std::vector<int32_t> req = {0, 0, 1}, valid = {1, 1, 1};
+  std::vector<int64_t> pos = {17000, 900};
+  std::vector<int32_t> req = {0, 1}, valid = {1, 1};
   std::vector<int32_t> bt(static_cast<size_t>(num_reqs * bt_cols), 0);
   std::vector<int32_t> perm(static_cast<size_t>(num_pages - 1));
   std::iota(perm.begin(), perm.end(), 1);
@@ -223,9 +223,13 @@ std::string write_candidate_file(const TempDir& tmp, const std::function<void(st
   std::vector<uint8_t> k(static_cast<size_t>(num_pages * stride), 165);
   for (int64_t p = 0; p < num_pages; ++p)
     for (int64_t s = 0; s < S; ++s) {
-      std::vector<float> key(128);
-      for (auto& x : key) x = static_cast<float>(rng.normal());
-      rec::write_index_k_fp8(k.data() + p * stride, S, s, key.data());
+      uint8_t* page = k.data() + p * stride;
+      for (int d = 0; d < 128; ++d) {  // random finite codes
+        const auto c = static_cast<uint8_t>(rng.next() & 0xFF);
+        page[s * 128 + d] = (c & 0x7F) == 0x7F ? 0x7E : c;
+      }
+      const float sc = std::ldexp(1.0f, static_cast<int>(rng.integer(-6, 6)));
+      std::memcpy(page + IndexerKFp8Layout::scale_offset(S, s), &sc, 4);
     }
   const auto table = random_rope_table(table_rows, rng);
   SafetensorsWriter w;
@@ -276,9 +280,7 @@ std::string write_candidate_file(const TempDir& tmp, const std::function<void(st
     w.add<int32_t>(p + "topk_ref", {T, 512}, std::span<const int32_t>(topk));
     if (role == IndexerRole::kCandidateSource) {
       source_cand = cand;
-      std::vector<int32_t> ref = cand;
-      if (doctor) doctor(ref);
-      w.add<int32_t>(p + "candidates_ref", {T, 2048}, std::span<const int32_t>(ref));
+      w.add<int32_t>(p + "candidates_ref", {T, 2048}, std::span<const int32_t>(cand));
     } else {
       w.add<int32_t>(p + "candidates", {T, 2048}, std::span<const int32_t>(cand));
     }
@@ -297,10 +299,11 @@ std::string write_candidate_file(const TempDir& tmp, const std::function<void(st
 
 TEST(IndexerConformance, CandidateRolesAgreeAndADoctoredBlockFails) {
   TempDir tmp;
+  const std::string path = write_candidate_file(tmp);
   {
     conformance::Options opt;
     opt.dump_dir = tmp / "dump";
-    const conformance::FileResult r = conformance::run_file(write_candidate_file(tmp), opt);
+    const conformance::FileResult r = conformance::run_file(path, opt);
     ASSERT_EQ(r.read_cases.size(), 2u);
     EXPECT_EQ(r.checks(), 7);  // q8, w, topk, candidates | q8, w, topk
     EXPECT_EQ(r.failed(), 0);
@@ -312,14 +315,16 @@ TEST(IndexerConformance, CandidateRolesAgreeAndADoctoredBlockFails) {
   }
   // token 0 (n_c = 17001, 2126 blocks): the reference drops one of the kept blocks far above the
   // boundary for one that was dropped
-  const conformance::FileResult bad = conformance::run_file(write_candidate_file(tmp, [](std::vector<int32_t>& c) {
+  const std::string doctored = tmp / "doctored.safetensors";
+  write_doctored<int32_t>(SafetensorsFile::load(path), doctored, "c0.candidates_ref", [](std::vector<int32_t>& c) {
     std::vector<int32_t> row(c.begin(), c.begin() + 2048);
     int32_t missing = 0;
     while (std::binary_search(row.begin(), row.end(), missing)) ++missing;
     row[1000] = missing;
     std::sort(row.begin(), row.end());
     std::copy(row.begin(), row.end(), c.begin());
-  }));
+  });
+  const conformance::FileResult bad = conformance::run_file(doctored);
   EXPECT_EQ(bad.failed(), 1);
   const auto* k = find_check(bad.read_cases.at(0), "candidates");
   ASSERT_NE(k, nullptr);
