@@ -99,6 +99,7 @@ void load_query(const IndexerTopkArgs& a, int64_t t, Query& qy) {
 // of 2^-18 below 2^25: exact in binary64 whatever the order, and the 8 lanes below let the
 // compiler vectorise it. Then I = sum_h w[h] * max(0, D_h) in binary64 with heads ascending (a
 // NaN D stays NaN), times sk (a power of two: exact), rounded once to fp32.
+constexpr int kLanes = 8;  // partial sums of D
 float score(const Query& qy, const uint8_t* k8, float sk) {
   const auto& lut = e4m3_lut();
   double k[kIndexHeadDim];
@@ -106,10 +107,13 @@ float score(const Query& qy, const uint8_t* k8, float sk) {
   double acc = 0.0;
   for (int h = 0; h < kIndexHeads; ++h) {
     const double* q = qy.q + h * kIndexHeadDim;
-    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int d0 = 0; d0 < kIndexHeadDim; d0 += 8)
-      for (int j = 0; j < 8; ++j) l[j] += q[d0 + j] * k[d0 + j];
-    const double D = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    double l[kLanes];
+    for (int j = 0; j < kLanes; ++j) l[j] = 0.0;
+    for (int d0 = 0; d0 < kIndexHeadDim; d0 += kLanes)
+      for (int j = 0; j < kLanes; ++j) l[j] += q[d0 + j] * k[d0 + j];
+    for (int h2 = kLanes / 2; h2 >= 1; h2 >>= 1)
+      for (int j = 0; j < h2; ++j) l[j] += l[j + h2];
+    const double D = l[0];
     acc += qy.w[h] * (D < 0.0 ? 0.0 : D);
   }
   return static_cast<float>(acc * static_cast<double>(sk));
