@@ -83,6 +83,11 @@ TEST(IndexerConformance, ShippedFileAgrees) {
   ASSERT_EQ(lines.size(), 6u);
   EXPECT_NE(lines[0].find("indexer_topk c0 idx_r2"), std::string::npos) << lines[0];
   EXPECT_NE(lines[0].find("PASS"), std::string::npos) << lines[0];
+  // the acceptance criterion as a user runs it
+  TempDir tmp;
+  const CliRun cli = run_cli("conform '" + shipped_indexer() + "'", tmp);
+  EXPECT_EQ(cli.code, 0) << cli.out << cli.err;
+  EXPECT_EQ(cli.last_line(), "6 passed, 0 failed") << cli.out;
 }
 
 // The reference row of c0 token 6 (n_c = 1501: a real selection) and what the tolerance needs.
