@@ -11,6 +11,10 @@
 //     the share of byte-identical records reported;
 //   - the reference latent_out fed to insert reproduces every cache backing byte for byte.
 //
+// Files of op indexer_topk (the read path, src/oracles/conformance_indexer.cpp) run
+// indexer_prepare_q + indexer_topk and report one ReadCheck per output: q8 byte for byte, w bit
+// for bit, topk and (candidate source) candidates as sets up to SPEC 8.8's boundary tolerance.
+//
 // A malformed file (missing tensors or metadata keys, wrong dtypes or shapes) is an
 // Error(kFormat) naming the file and what is wrong; a missing file is Error(kIo). Errors
 // thrown by compress/insert on the file's inputs are reported as failed checks instead.

@@ -320,4 +320,11 @@ DSV41KV_HD void rope_inverse(float x0, float x1, float c, float s, float& y0, fl
   y1 = fma_rn(x1, c, -x0s);
 }
 
+// The forward rotation of one vector's 64 RoPE dims v[0..64) in place: the 32 GPT-J pairs
+// (v[2i], v[2i+1]) with c = trow[i], s = trow[32 + i] of one table row (32 cos | 32 sin). `v`
+// points at the first RoPE dim: dim 448 of a 512-d latent, dim 64 of a 128-d index head.
+DSV41KV_HD void rope_forward_dims(float* v, const float* trow) {
+  for (int i = 0; i < 32; ++i) rope_forward(v[2 * i], v[2 * i + 1], trow[i], trow[32 + i], v[2 * i], v[2 * i + 1]);
+}
+
 }  // namespace dsv41kv::num

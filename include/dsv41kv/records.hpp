@@ -193,6 +193,91 @@ DSV41KV_HD void write_plain_fp8(uint8_t* row, const float* y, float inv) {
   for (int d = 0; d < kLatentDim; ++d) row[d] = plain_fp8_encode(y[d], inv);
 }
 
+}  // namespace rec
+
+// ---------------------------------------------------------------- index keys and queries (SPEC 2.4, 3.5, 8.1, 8.2)
+
+// The FP8 quantization of one 128-dim index vector, the same rule for a key (SPEC 8.1) and for each
+// query head (SPEC 8.2): SPEC 2.4's UE8M0 tile over all 128 values, e = ceil_log2(max(amax, 1e-4) *
+// fp32(1/448)), q[d] = e4m3(v[d] * 2^-e). Returns the scale as the fp32 value 2^e (SPEC 3.5); a
+// vector holding NaN or Inf is poisoned as every UE8M0 tile is (SPEC 2.6: byte 255, i.e. the scale
+// 2^128 = +Inf, and every code 0x7F).
+DSV41KV_HD float index_fp8_quantize(const float* v, uint8_t* q) {
+  return num::ue8m0_scale(num::ue8m0_quantize_tile(v, kIndexHeadDim, q));
+}
+
+// The MXFP4 key block of SPEC 3.5: 32 values, amax = max(max|x|, 6 * 2^-126),
+// e = clamp(ceil_log2(amax * fp32(1/6)), -127, 127), values e2m1(x * 2^-e) packed two per byte
+// (even element in the low nibble) into packed[0..16); returns the UE8M0 byte e + 127. For finite
+// values amax * fp32(1/6) lies in [2^-126, 2^126], so e is in [-126, 126] and 2^-e a normal fp32.
+// A block holding NaN or Inf is poisoned (DECISION, docs/design.md): byte 255 and every code 0, so
+// that it decodes to NaN as the poisoned NVFP4 tile does (SPEC 2.6).
+inline constexpr int kIndexMxfp4Block = 32;
+inline constexpr uint32_t kMxfp4AmaxFloorBits = 0x01C00000u;  // 6 * 2^-126
+DSV41KV_HD uint8_t index_mxfp4_quantize_block(const float* v, uint8_t* packed) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int i = 0; i < kIndexMxfp4Block; ++i) {
+    finite = finite && num::is_finite(v[i]);
+    amax = num::max_f(amax, num::abs_f(v[i]));
+  }
+  if (!finite) {
+    for (int i = 0; i < kIndexMxfp4Block / 2; ++i) packed[i] = 0;
+    return 255;
+  }
+  amax = num::max_f(amax, num::u2f(kMxfp4AmaxFloorBits));
+  int e = num::ceil_log2(num::mul_rn(amax, num::u2f(num::kInv6Bits)));
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  const float inv = num::exp2i(-e);
+  for (int j = 0; j < kIndexMxfp4Block / 2; ++j) {
+    const uint8_t a = num::e2m1_encode(num::mul_rn(v[2 * j], inv));
+    const uint8_t b = num::e2m1_encode(num::mul_rn(v[2 * j + 1], inv));
+    packed[j] = static_cast<uint8_t>(a | (b << 4));
+  }
+  return static_cast<uint8_t>(e + 127);
+}
+
+namespace rec {
+
+// The index key k[0..128) of state r of a page (SPEC 3.5). FP8: 128 e4m3 codes at r*128, the fp32
+// scale 2^e little-endian at S*128 + r*4. MXFP4: 64 bytes of e2m1 pairs at r*64, four UE8M0 bytes
+// at S*64 + r*4. Each touches exactly its value and scale bytes.
+DSV41KV_HD void write_index_k_fp8(uint8_t* page, int64_t S, int64_t r, const float* k) {
+  const uint32_t u = num::f2u(index_fp8_quantize(k, page + IndexerKFp8Layout::value_offset(S, r)));
+  uint8_t* sc = page + IndexerKFp8Layout::scale_offset(S, r);
+  for (int b = 0; b < 4; ++b) sc[b] = static_cast<uint8_t>(u >> (8 * b));
+}
+DSV41KV_HD void write_index_k_mxfp4(uint8_t* page, int64_t S, int64_t r, const float* k) {
+  uint8_t* val = page + IndexerKMxfp4Layout::value_offset(S, r);
+  uint8_t* sc = page + IndexerKMxfp4Layout::scale_offset(S, r);
+  for (int b = 0; b < kIndexHeadDim / kIndexMxfp4Block; ++b)
+    sc[b] = index_mxfp4_quantize_block(k + kIndexMxfp4Block * b, val + kIndexMxfp4Block / 2 * b);
+}
+
+// Readers: the e4m3 codes and the fp32 scale of an FP8 key (SPEC 8.3 scores them apart), and the
+// decoded value of dim d (exact in fp32: a 4-bit or 2-bit significand times a power of two).
+DSV41KV_HD const uint8_t* index_k_fp8_codes(const uint8_t* page, int64_t S, int64_t r) {
+  return page + IndexerKFp8Layout::value_offset(S, r);
+}
+DSV41KV_HD float read_index_k_fp8_scale(const uint8_t* page, int64_t S, int64_t r) {
+  const uint8_t* sc = page + IndexerKFp8Layout::scale_offset(S, r);
+  return num::u2f(static_cast<uint32_t>(sc[0]) | (static_cast<uint32_t>(sc[1]) << 8) |
+                  (static_cast<uint32_t>(sc[2]) << 16) | (static_cast<uint32_t>(sc[3]) << 24));
+}
+DSV41KV_HD float read_index_k_fp8(const uint8_t* page, int64_t S, int64_t r, int d) {
+  return num::mul_rn(num::e4m3_decode(index_k_fp8_codes(page, S, r)[d]), read_index_k_fp8_scale(page, S, r));
+}
+DSV41KV_HD float read_index_k_mxfp4(const uint8_t* page, int64_t S, int64_t r, int d) {
+  const uint8_t b = page[IndexerKMxfp4Layout::value_offset(S, r) + d / 2];
+  const uint8_t nib = (d & 1) ? (b >> 4) : (b & 0xF);
+  const uint8_t s = page[IndexerKMxfp4Layout::scale_offset(S, r) + d / kIndexMxfp4Block];
+  return num::mul_rn(num::e2m1_decode(nib), num::ue8m0_scale(s));
+}
+
+}  // namespace rec
+
+namespace rec {
+
 // ---------------------------------------------------------------- per-state readers (SPEC 5.3)
 
 // Decodes dimension d of state r into bf16 bits.

@@ -1,5 +1,5 @@
 // The compressor projection (SPEC 4.1) on the CPU and the compressor weights.
-// Accumulation order: see include/dsv41kv/projection.hpp.
+// Accumulation order: lin::dot_fixed (formats/linear.hpp), see include/dsv41kv/projection.hpp.
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/rng.hpp"
 
@@ -12,6 +12,7 @@
 
 #include "core/parallel.hpp"
 #include "core/validate.hpp"
+#include "formats/linear.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/safetensors.hpp"
@@ -21,7 +22,6 @@ namespace {
 
 using detail::parallel_for;
 
-constexpr int kLanes = 16;
 constexpr int64_t kTokBlock = 4;   // tokens per tile
 constexpr int64_t kOutBlock = 32;  // outputs per tile (32 weight rows of 20 KB stay in L2)
 
@@ -32,19 +32,6 @@ constexpr const char* kOp = "project_kv_score";
 void need_matrix(const TensorView& v, const char* arg, DType dt) {
   detail::need_matrix(kOp, v, arg, dt, dt == DType::BF16 ? "bf16 [rows, cols]" : "f32 [rows, cols]");
   detail::need_on(kOp, v, arg, Device::CPU);
-}
-
-// The fixed-order dot product of two fp32 rows (widened bf16), H elements.
-inline float dot_fixed(const float* x, const float* w, int64_t H) {
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = 0.0f;
-  const int64_t Hm = H - H % kLanes;
-  for (int64_t k0 = 0; k0 < Hm; k0 += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] = acc[l] + x[k0 + l] * w[k0 + l];
-  for (int64_t k = Hm; k < H; ++k) acc[k % kLanes] = acc[k % kLanes] + x[k] * w[k];
-  for (int h = kLanes / 2; h >= 1; h >>= 1)
-    for (int l = 0; l < h; ++l) acc[l] = acc[l] + acc[l + h];
-  return acc[0];
 }
 
 void widen_row(const uint16_t* src, int64_t n, float* dst) {
@@ -115,7 +102,7 @@ void project_kv_score(const TensorView& hidden, const TensorView& weight,
       for (int64_t o = oi * kOutBlock; o < (oi + 1) * kOutBlock; ++o) {
         const float* wr = w.data() + o * H;
         for (int64_t t = t0; t < t1; ++t)
-          out[t * kv_score.stride[0] + o] = dot_fixed(x.data() + (t - t0) * H, wr, H);
+          out[t * kv_score.stride[0] + o] = lin::dot_fixed(x.data() + (t - t0) * H, wr, H);
       }
     }
   });

@@ -54,33 +54,37 @@ InsertPlan plan_insert(const char* op, const InsertViews& v, bool require_latent
   return p;
 }
 
-void check_insert_values(const char* op, const InsertViews& v, const InsertPlan& p) {
-  const auto* slot = v.slots->ptr<const int64_t>();
-  const auto* pos = v.positions->ptr<const int64_t>();
-  for (int64_t t = 0; t < p.N; ++t) {
+void check_written_token_values(const char* op, const char* slots_arg, const int64_t* slot, const int64_t* pos,
+                                int64_t N, int ratio, int64_t capacity, const std::string& capacity_text,
+                                int64_t table_rows) {
+  for (int64_t t = 0; t < N; ++t) {
     if (slot[t] < 0) continue;  // skipped: the position is not read
-    if (slot[t] >= p.capacity)
-      bad_arg(op, v.slots_arg,
-              fmt::format("{}[{}] = {}, expected < num_pages * states_per_page = {} * {} = {} (or < 0 to skip)",
-                          v.slots_arg, t, slot[t], v.cache->num_pages, v.cache->states_per_page, p.capacity));
+    if (slot[t] >= capacity)
+      bad_arg(op, slots_arg,
+              fmt::format("{}[{}] = {}, expected < {} = {} (or < 0 to skip)", slots_arg, t, slot[t], capacity_text,
+                          capacity));
     if (pos[t] < 0) bad_arg(op, "positions", fmt::format("positions[{}] = {}, expected >= 0", t, pos[t]));
-    if (!closes_group(pos[t], p.ratio)) continue;
-    const int64_t row = rope_row(pos[t], p.ratio);
-    if (row >= p.table_rows)
+    if (!closes_group(pos[t], ratio)) continue;
+    const int64_t row = rope_row(pos[t], ratio);
+    if (row >= table_rows)
       bad_arg(op, "positions",
               fmt::format("positions[{}] = {} needs RoPE table row {}: a position beyond the RoPE table of {} "
                           "rows, expected row < {}",
-                          t, pos[t], row, p.table_rows, p.table_rows));
+                          t, pos[t], row, table_rows, table_rows));
   }
+}
+
+void check_insert_values(const char* op, const InsertViews& v, const InsertPlan& p) {
+  check_written_token_values(
+      op, v.slots_arg, v.slots->ptr<const int64_t>(), v.positions->ptr<const int64_t>(), p.N, p.ratio, p.capacity,
+      fmt::format("num_pages * states_per_page = {} * {}", v.cache->num_pages, v.cache->states_per_page),
+      p.table_rows);
 }
 
 void rope_latent_row(const uint16_t* latent, const float* trow, float* x, float* y) {
   for (int d = 0; d < kLatentDim; ++d) x[d] = num::bf16_decode(latent[d]);
   std::memcpy(y, x, sizeof(float) * kLatentDim);
-  for (int i = 0; i < kRopeDim / 2; ++i) {
-    const int d0 = kNopeDim + 2 * i;
-    num::rope_forward(x[d0], x[d0 + 1], trow[i], trow[kRopeDim / 2 + i], y[d0], y[d0 + 1]);
-  }
+  num::rope_forward_dims(y + kNopeDim, trow);
 }
 
 void write_state(const CacheView& c, int64_t slot, const float* x, const float* y, float fp8_inv) {
@@ -129,38 +133,21 @@ void read_state(const CacheView& c, int64_t slot, uint16_t* o) {
   }
 }
 
-namespace {
-
-constexpr int64_t kInsertGrain = 16;  // tokens per thread range
-
-bool writes_token(const InsertRows& io, int ratio, int64_t t) {
-  return io.slot[t] >= 0 && (io.mask == nullptr || io.mask[t]) && closes_group(io.pos[t], ratio);
-}
-
-// True when two tokens that would be written name the same slot.
-bool has_duplicate_writes(const InsertRows& io, int ratio, int64_t N) {
+bool has_duplicate_writes(const int64_t* slot, const int64_t* pos, const uint8_t* mask, int ratio, int64_t N) {
   std::vector<int64_t> s;
   s.reserve(static_cast<size_t>(N));
   for (int64_t t = 0; t < N; ++t)
-    if (writes_token(io, ratio, t)) s.push_back(io.slot[t]);
+    if (writes_token(slot, pos, mask, ratio, t)) s.push_back(slot[t]);
   std::sort(s.begin(), s.end());
   return std::adjacent_find(s.begin(), s.end()) != s.end();
 }
 
-}  // namespace
-
 void insert_rows_cpu(const InsertRows& io, int ratio, int64_t N, const ExecContext& ctx) {
-  ExecContext c = ctx;
-  if (has_duplicate_writes(io, ratio, N)) c.num_threads = 1;
   const float inv = io.cache.format == RecordFormat::PLAIN_FP8 ? num::div_rn(1.0f, io.cache.fp8_scale) : 1.0f;
-  parallel_for(N, c, kInsertGrain, [&](int64_t b, int64_t e) {
-    std::vector<float> x(kLatentDim), y(kLatentDim);
-    for (int64_t t = b; t < e; ++t) {
-      if (!writes_token(io, ratio, t)) continue;
-      rope_latent_row(io.latent + t * kLatentDim, io.table + rope_row(io.pos[t], ratio) * kRopeDim, x.data(),
-                      y.data());
-      write_state(io.cache, io.slot[t], x.data(), y.data(), inv);
-    }
+  for_each_written_token(io.slot, io.pos, io.mask, ratio, N, ctx, [&](int64_t t) {
+    float x[kLatentDim], y[kLatentDim];
+    rope_latent_row(io.latent + t * kLatentDim, io.table + rope_row(io.pos[t], ratio) * kRopeDim, x, y);
+    write_state(io.cache, io.slot[t], x, y, inv);
   });
 }
 

@@ -11,11 +11,15 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
+#include "core/parallel.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/records.hpp"
 
 namespace dsv41kv::detail {
+
+inline constexpr int64_t kWrittenTokenGrain = 16;  // tokens per thread range
 
 // Sizes of one insert, from views checked for dtype, shape, stride and device.
 struct InsertPlan {
@@ -63,9 +67,37 @@ void write_state(const CacheView& c, int64_t slot, const float* x, const float* 
 // The dequantized state at `slot` of `c` as 512 bf16 values (SPEC 5.3, the inverse of write_state).
 void read_state(const CacheView& c, int64_t slot, uint16_t* out);
 
+// The host value checks of every op that writes one state per closing token with a slot (the
+// insert, the index-K store of SPEC 8.1): for each token t < N with slot[t] >= 0, the slot below
+// `capacity` (`capacity_text` explains it, e.g. "num_pages * states_per_page = 2 * 16"),
+// positions[t] >= 0 and, when it closes its group, its RoPE row rope_row(p, ratio) < table_rows.
+void check_written_token_values(const char* op, const char* slots_arg, const int64_t* slot, const int64_t* pos,
+                                int64_t N, int ratio, int64_t capacity, const std::string& capacity_text,
+                                int64_t table_rows);
+
+// Whether token t is written: slot[t] >= 0, mask[t] (when given) and it closes its group.
+inline bool writes_token(const int64_t* slot, const int64_t* pos, const uint8_t* mask, int ratio, int64_t t) {
+  return slot[t] >= 0 && (mask == nullptr || mask[t]) && closes_group(pos[t], ratio);
+}
+// True when two tokens that would be written name the same slot.
+bool has_duplicate_writes(const int64_t* slot, const int64_t* pos, const uint8_t* mask, int ratio, int64_t N);
+
+// Runs f(t) for every token t < N that writes_token, parallel over tokens by ctx.num_threads;
+// duplicate slots (invalid input) are written serially in token order, so the last one wins
+// whatever the thread count.
+template <class F>
+void for_each_written_token(const int64_t* slot, const int64_t* pos, const uint8_t* mask, int ratio, int64_t N,
+                            const ExecContext& ctx, F&& f) {
+  ExecContext c = ctx;
+  if (has_duplicate_writes(slot, pos, mask, ratio, N)) c.num_threads = 1;
+  parallel_for(N, c, kWrittenTokenGrain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      if (writes_token(slot, pos, mask, ratio, t)) f(t);
+  });
+}
+
 // CPU insert of tokens [0, N): token t is written when slot[t] >= 0, mask[t] (when given) and it
-// closes its group. Parallel over tokens by ctx.num_threads; duplicate slots (invalid input) are
-// written serially in token order, so the last one wins whatever the thread count.
+// closes its group (for_each_written_token).
 struct InsertRows {
   const uint16_t* latent = nullptr;  // [N, 512]
   const int64_t* pos = nullptr;

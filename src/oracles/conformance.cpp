@@ -501,6 +501,7 @@ struct OpRunner {
 };
 constexpr OpRunner kRunners[] = {
     {"compress_insert", run_compress_insert},
+    {"indexer_topk", run_indexer_topk},
 };
 }  // namespace detail
 

@@ -85,4 +85,7 @@ class Dump {
   std::set<std::string> replaced_;
 };
 
+// The runners of the read-path ops, one file each (conformance.cpp's kRunners names them).
+FileResult run_indexer_topk(const st::SafetensorsFile& f, const json& j, const Options& opt);  // conformance_indexer.cpp
+
 }  // namespace dsv41kv::conformance::detail

@@ -170,4 +170,27 @@ inline uint8_t nvfp4_tile(const float* v, uint8_t* packed) {
   return sbyte;
 }
 
+// MXFP4 index-key block reference (SPEC 3.5; poisoned blocks as docs/design.md decides): returns
+// the UE8M0 byte, fills packed[16].
+inline uint8_t mxfp4_block(const float* v, uint8_t* packed) {
+  bool finite = true;
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) {
+    finite = finite && std::isfinite(v[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  if (!finite) {
+    std::fill(packed, packed + 16, uint8_t{0});
+    return 255;
+  }
+  amax = std::max(amax, static_cast<float>(std::ldexp(6.0, -126)));
+  const int e = std::clamp(ceil_log2(mul(amax, from_bits(0x3E2AAAABu))), -127, 127);
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t lo = e2m1(static_cast<float>(std::ldexp(static_cast<double>(v[2 * j]), -e)));
+    const uint8_t hi = e2m1(static_cast<float>(std::ldexp(static_cast<double>(v[2 * j + 1]), -e)));
+    packed[j] = static_cast<uint8_t>(lo | (hi << 4));
+  }
+  return static_cast<uint8_t>(e + 127);
+}
+
 }  // namespace dsv41kv::test::ref

@@ -1,0 +1,67 @@
+// Internal contract between the public indexer API (validation + dispatch, indexer.cpp), its
+// validation (plan.cpp) and the CPU backend (cpu.cpp). plan_*() checks dtypes, shapes, strides and
+// devices and returns the derived sizes; check_*_values() checks the host index data (slots,
+// positions, requests, pages, candidates). Both run before any output is written.
+#pragma once
+
+#include <cstdint>
+
+#include "dsv41kv/indexer.hpp"
+
+namespace dsv41kv::detail {
+
+// A valid index-K cache view (present base, pages, S, a page stride >= the payload, a span below
+// 2^62 bytes); `op` and `arg` name it in messages.
+void validate_index_k_cache(const IndexKCacheView& c, const char* op, const char* arg);
+
+struct IndexKStorePlan {
+  Device device = Device::CPU;
+  int ratio = 2;
+  int64_t N = 0;
+  int64_t table_rows = 0;
+  int64_t capacity = 0;  // cache.num_pages * cache.states_per_page
+};
+IndexKStorePlan plan_index_k_store(const IndexKStoreArgs& a);
+void check_index_k_store_values(const IndexKStoreArgs& a, const IndexKStorePlan& p);
+
+struct IndexQPrepPlan {
+  Device device = Device::CPU;
+  int64_t T = 0;
+  int64_t table_rows = 0;
+};
+IndexQPrepPlan plan_index_q_prep(const IndexQPrepArgs& a);
+void check_index_q_prep_values(const IndexQPrepArgs& a, const IndexQPrepPlan& p);
+
+struct IndexerTopkPlan {
+  Device device = Device::CPU;
+  int64_t T = 0;
+  int64_t num_reqs = 0;
+  int64_t bt_cols = 0, bt_stride = 0;
+  int64_t topk_stride = 0;
+  int64_t cand_stride = 0;                  // candidate source / consumer
+  int64_t scores_cols = 0, scores_stride = 0;  // when scores is present
+};
+IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a);
+void check_indexer_topk_values(const IndexerTopkArgs& a, const IndexerTopkPlan& p);
+
+struct IndexerShortcutPlan {
+  Device device = Device::CPU;
+  int64_t T = 0;
+  int64_t topk_stride = 0;
+};
+IndexerShortcutPlan plan_indexer_shortcut(const IndexerShortcutArgs& a);
+void check_indexer_shortcut_values(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p);
+
+// n_c(p) = (p + 1) / r (SPEC 8.4): the entries a token at position p sees.
+inline int64_t visible_entries(int64_t p, int ratio) { return (p + 1) / ratio; }
+// ceil(n / 8): the candidate blocks over n entries (SPEC 8.7).
+inline int64_t candidate_blocks(int64_t n) { return (n + kCandidateBlockSize - 1) / kCandidateBlockSize; }
+
+namespace cpu {
+void index_k_store(const IndexKStoreArgs& a, const IndexKStorePlan& p, const ExecContext& ctx);
+void index_q_prep(const IndexQPrepArgs& a, const IndexQPrepPlan& p, const ExecContext& ctx);
+void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx);
+void indexer_shortcut(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p, const ExecContext& ctx);
+}  // namespace cpu
+
+}  // namespace dsv41kv::detail

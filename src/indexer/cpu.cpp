@@ -1,0 +1,242 @@
+// CPU backend of the indexer: SPEC 8 literally, the reference its kernels will be compared with.
+// Arguments were validated by the public API (indexer.cpp, plan.cpp) before any of this runs.
+// Every output element is computed by one thread in an order that does not depend on the split,
+// so results do not depend on the thread count: the K store and the Q preparation split tokens;
+// the scores split tokens, or the entries of one token when a step has fewer tokens than threads
+// (decode with a long context); the selection of a token runs on one thread.
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "core/parallel.hpp"
+#include "formats/insert.hpp"
+#include "indexer/backend.hpp"
+#include "indexer/rows.hpp"
+#include "indexer/select.hpp"
+
+namespace dsv41kv::detail::cpu {
+
+// ---------------------------------------------------------------- K store (SPEC 8.1)
+
+void index_k_store(const IndexKStoreArgs& a, const IndexKStorePlan& p, const ExecContext& ctx) {
+  std::vector<float> wk(static_cast<size_t>(kIndexHeadDim) * kLatentDim);
+  const auto* wsrc = a.wk.ptr<const uint16_t>();
+  for (size_t i = 0; i < wk.size(); ++i) wk[i] = num::bf16_decode(wsrc[i]);
+  const auto* latent = a.latent.ptr<const uint16_t>();
+  const auto* pos = a.positions.ptr<const int64_t>();
+  const auto* slot = a.slots.ptr<const int64_t>();
+  const auto* table = a.rope_table.ptr<const float>();
+  const auto* k_norm = a.k_norm.ptr<const uint16_t>();
+  const IndexKCacheView& c = a.cache;
+  for_each_written_token(slot, pos, nullptr, p.ratio, p.N, ctx, [&](int64_t t) {
+    float x[kLatentDim], k[kIndexHeadDim];
+    for (int d = 0; d < kLatentDim; ++d) x[d] = num::bf16_decode(latent[t * kLatentDim + d]);
+    index_key_row(x, wk.data(), k_norm, a.eps, table + rope_row(pos[t], p.ratio) * kRopeDim, k);
+    uint8_t* page = static_cast<uint8_t*>(c.base) + (slot[t] / c.states_per_page) * c.page_stride;
+    const int64_t off = slot[t] % c.states_per_page;
+    if (c.format == IndexKFormat::FP8_132)
+      rec::write_index_k_fp8(page, c.states_per_page, off, k);
+    else
+      rec::write_index_k_mxfp4(page, c.states_per_page, off, k);
+  });
+}
+
+// ---------------------------------------------------------------- Q preparation (SPEC 8.2)
+
+void index_q_prep(const IndexQPrepArgs& a, const IndexQPrepPlan& p, const ExecContext& ctx) {
+  const auto* q = a.q.ptr<const uint16_t>();
+  const auto* w_raw = a.w_raw.ptr<const uint16_t>();
+  const auto* pos = a.positions.ptr<const int64_t>();
+  const auto* table = a.rope_table.ptr<const float>();
+  auto* q8 = a.q8.ptr<uint8_t>();
+  auto* w = a.w.ptr<float>();
+  parallel_for(p.T, ctx, 4, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t)
+      for (int h = 0; h < kIndexHeads; ++h) {
+        const int64_t row = t * kIndexHeads + h;
+        w[row] = index_query_head(q + row * kIndexHeadDim, table + pos[t] * kRopeDim, w_raw[row],
+                                  q8 + row * kIndexHeadDim);
+      }
+  });
+}
+
+// ---------------------------------------------------------------- scores (SPEC 8.3, 8.4)
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+// e4m3_decode of every byte as a double (exact).
+const std::array<double, 256>& e4m3_lut() {
+  static const std::array<double, 256> lut = [] {
+    std::array<double, 256> l{};
+    for (int c = 0; c < 256; ++c) l[static_cast<size_t>(c)] = num::e4m3_decode(static_cast<uint8_t>(c));
+    return l;
+  }();
+  return lut;
+}
+
+// The query of one token, decoded once: q[h * 128 + d] = e4m3_decode(q8[t, h, d]), w[h] = w[t, h].
+struct Query {
+  double q[kIndexHeads * kIndexHeadDim];
+  double w[kIndexHeads];
+};
+
+void load_query(const IndexerTopkArgs& a, int64_t t, Query& qy) {
+  const auto& lut = e4m3_lut();
+  const uint8_t* q8 = a.q8.ptr<const uint8_t>() + t * kIndexHeads * kIndexHeadDim;
+  for (int i = 0; i < kIndexHeads * kIndexHeadDim; ++i) qy.q[i] = lut[q8[i]];
+  const float* w = a.w.ptr<const float>() + t * kIndexHeads;
+  for (int h = 0; h < kIndexHeads; ++h) qy.w[h] = w[h];
+}
+
+// I(t, i) for the key with e4m3 codes k8 and scale sk. Each product of two e4m3 values is a
+// multiple of 2^-18 below 2^18 in magnitude, so every partial sum of D's 128 products is a multiple
+// of 2^-18 below 2^25: exact in binary64 whatever the order, and the 8 lanes below let the
+// compiler vectorise it. Then I = sum_h w[h] * max(0, D_h) in binary64 with heads ascending (a
+// NaN D stays NaN), times sk (a power of two: exact), rounded once to fp32.
+constexpr int kLanes = 8;  // partial sums of D
+float score(const Query& qy, const uint8_t* k8, float sk) {
+  const auto& lut = e4m3_lut();
+  double k[kIndexHeadDim];
+  for (int d = 0; d < kIndexHeadDim; ++d) k[d] = lut[k8[d]];
+  double acc = 0.0;
+  for (int h = 0; h < kIndexHeads; ++h) {
+    const double* q = qy.q + h * kIndexHeadDim;
+    double l[kLanes];
+    for (int j = 0; j < kLanes; ++j) l[j] = 0.0;
+    for (int d0 = 0; d0 < kIndexHeadDim; d0 += kLanes)
+      for (int j = 0; j < kLanes; ++j) l[j] += q[d0 + j] * k[d0 + j];
+    for (int h2 = kLanes / 2; h2 >= 1; h2 >>= 1)
+      for (int j = 0; j < h2; ++j) l[j] += l[j + h2];
+    const double D = l[0];
+    acc += qy.w[h] * (D < 0.0 ? 0.0 : D);
+  }
+  return static_cast<float>(acc * static_cast<double>(sk));
+}
+
+// Where the entries of one token's request live.
+struct Keys {
+  const uint8_t* base = nullptr;
+  int64_t page_stride = 0, S = 0;
+  const int32_t* pages = nullptr;  // the request's block-table row
+
+  float score_of(const Query& qy, int64_t i) const {
+    const uint8_t* page = base + static_cast<int64_t>(pages[i / S]) * page_stride;
+    return score(qy, rec::index_k_fp8_codes(page, S, i % S), rec::read_index_k_fp8_scale(page, S, i % S));
+  }
+};
+
+constexpr int64_t kEntryGrain = 2048;  // entries per thread range when one token's entries are split
+
+// The scores of the entries idx(0..n) into out[0..n), split over ctx's threads.
+template <class Index>
+void score_entries(const Query& qy, const Keys& keys, int64_t n, Index idx, float* out, const ExecContext& ctx) {
+  parallel_for(n, ctx, kEntryGrain, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) out[j] = keys.score_of(qy, idx(j));
+  });
+}
+
+struct TokenScratch {
+  Query query;
+  std::vector<float> scores, blocks, select;
+  std::vector<int64_t> entries;  // a consumer's candidate entries, ascending
+  std::vector<int32_t> picked;
+};
+
+// One token of indexer_topk: its rows of topk (and candidates for a source, scores when asked)
+// written whole.
+void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, TokenScratch& s,
+                const ExecContext& entry_ctx) {
+  int32_t* topk = a.topk.ptr<int32_t>() + t * p.topk_stride;
+  std::fill(topk, topk + kIndexTopk, -1);
+  int32_t* cand = a.role == IndexerRole::kPlain ? nullptr : a.candidates.ptr<int32_t>() + t * p.cand_stride;
+  if (a.role == IndexerRole::kCandidateSource) std::fill(cand, cand + kCandidateTopkBlocks, -1);
+  float* scores_row = a.scores.present() ? a.scores.ptr<float>() + t * p.scores_stride : nullptr;
+  if (scores_row) std::fill(scores_row, scores_row + p.scores_cols, kNegInf);
+  if (a.token_valid.present() && a.token_valid.ptr<const int32_t>()[t] == 0) return;
+
+  const int64_t nc = visible_entries(a.positions.ptr<const int64_t>()[t], a.ratio);
+  Keys keys;
+  keys.base = static_cast<const uint8_t*>(a.k_cache.base);
+  keys.page_stride = a.k_cache.page_stride;
+  keys.S = a.k_cache.states_per_page;
+  keys.pages = a.block_table.ptr<const int32_t>() + a.token_to_req.ptr<const int32_t>()[t] * p.bt_stride;
+  load_query(a, t, s.query);
+
+  if (a.role == IndexerRole::kCandidateConsumer) {
+    // SPEC 8.7: only the entries of the source's candidate blocks are scored; every other score is
+    // -inf and never selected. The entries are listed ascending (the blocks are), so ranking them
+    // by position in the list ranks them by index.
+    s.entries.clear();
+    for (int j = 0; j < kCandidateTopkBlocks && cand[j] >= 0; ++j)
+      for (int64_t i = int64_t{cand[j]} * kCandidateBlockSize;
+           i < std::min<int64_t>(nc, (int64_t{cand[j]} + 1) * kCandidateBlockSize); ++i)
+        s.entries.push_back(i);
+    const auto m = static_cast<int64_t>(s.entries.size());
+    s.scores.resize(static_cast<size_t>(m));
+    score_entries(s.query, keys, m, [&](int64_t j) { return s.entries[static_cast<size_t>(j)]; }, s.scores.data(),
+                  entry_ctx);
+    s.picked.resize(kIndexTopk);
+    const int64_t k = select_top(s.scores.data(), m, kIndexTopk, true, s.picked.data(), s.select);
+    for (int64_t j = 0; j < k; ++j) topk[j] = static_cast<int32_t>(s.entries[static_cast<size_t>(s.picked[j])]);
+    if (scores_row)
+      for (int64_t j = 0; j < m; ++j) scores_row[s.entries[static_cast<size_t>(j)]] = s.scores[static_cast<size_t>(j)];
+    return;
+  }
+
+  s.scores.resize(static_cast<size_t>(nc));
+  score_entries(s.query, keys, nc, [](int64_t i) { return i; }, s.scores.data(), entry_ctx);
+  select_top(s.scores.data(), nc, kIndexTopk, true, topk, s.select);
+  if (scores_row) std::copy(s.scores.begin(), s.scores.end(), scores_row);
+
+  if (a.role == IndexerRole::kCandidateSource && nc > 0) {
+    // SPEC 8.7: block score = the max of the block's visible scores (a NaN never wins the max), the
+    // newest block forced to +inf; keep the top min(2048, ceil(n_c / 8)) by (score desc, block asc).
+    const int64_t nb = candidate_blocks(nc);
+    s.blocks.assign(static_cast<size_t>(nb), kNegInf);
+    for (int64_t i = 0; i < nc; ++i) {
+      float& b = s.blocks[static_cast<size_t>(i / kCandidateBlockSize)];
+      if (s.scores[static_cast<size_t>(i)] > b) b = s.scores[static_cast<size_t>(i)];
+    }
+    s.blocks[static_cast<size_t>(nb - 1)] = kPosInf;
+    select_top(s.blocks.data(), nb, kCandidateTopkBlocks, false, cand, s.select);
+  }
+}
+
+}  // namespace
+
+void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx) {
+  const int threads = cpu_threads(ctx);
+  if (p.T >= threads) {
+    ExecContext serial = ctx;
+    serial.num_threads = 1;
+    parallel_for(p.T, ctx, 1, [&](int64_t b, int64_t e) {
+      auto s = std::make_unique<TokenScratch>();
+      for (int64_t t = b; t < e; ++t) topk_token(a, p, t, *s, serial);
+    });
+    return;
+  }
+  auto s = std::make_unique<TokenScratch>();
+  for (int64_t t = 0; t < p.T; ++t) topk_token(a, p, t, *s, ctx);
+}
+
+// ---------------------------------------------------------------- shortcut (SPEC 8.6)
+
+void indexer_shortcut(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p, const ExecContext& ctx) {
+  const auto* pos = a.positions.ptr<const int64_t>();
+  parallel_for(p.T, ctx, 64, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int32_t* row = a.topk.ptr<int32_t>() + t * p.topk_stride;
+      const bool valid = !a.token_valid.present() || a.token_valid.ptr<const int32_t>()[t] != 0;
+      const int64_t nc = valid ? visible_entries(pos[t], a.ratio) : 0;
+      for (int64_t j = 0; j < kIndexTopk; ++j) row[j] = j < nc ? static_cast<int32_t>(j) : -1;
+    }
+  });
+}
+
+}  // namespace dsv41kv::detail::cpu
