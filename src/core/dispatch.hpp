@@ -25,4 +25,13 @@ void dispatch(const char* op, Device device, bool empty, Values&& check_values, 
 #endif
 }
 
+// The dispatch of an op with a CPU backend only: device views get E8 (no_cuda_backend) in every
+// build, after the same view checks.
+template <class Values, class Cpu>
+void dispatch_cpu_only(const char* op, Device device, bool empty, Values&& check_values, Cpu&& cpu) {
+  if (device != Device::CPU) no_cuda_backend(op);
+  check_values();
+  if (!empty) cpu();
+}
+
 }  // namespace dsv41kv::detail

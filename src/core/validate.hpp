@@ -23,6 +23,9 @@ namespace dsv41kv::detail {
 // E8 "<what>: dsv41kv was built without CUDA (DSV41KV_CUDA=OFF)": the CUDA-only entry points of a
 // build without CUDA.
 [[noreturn]] void built_without_cuda(const char* what);
+// E8 "<op>: the views are on cuda, but <op> has no CUDA backend yet (expected cpu views)": an op
+// whose kernels are still to come, in every build.
+[[noreturn]] void no_cuda_backend(const char* op);
 
 // ctx.num_threads >= 0 and, when given, valid compress tuning values.
 void check_exec_context(const ExecContext& ctx, const char* op);
