@@ -26,23 +26,6 @@ namespace dsv41kv::test {
     ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);               \
   } while (0)
 
-// Fresh seed per process (printed), or DSV41KV_SEED to replay a run.
-inline uint64_t run_seed() {
-  static const uint64_t seed = [] {
-    uint64_t s;
-    if (const char* e = std::getenv("DSV41KV_SEED")) {
-      s = std::strtoull(e, nullptr, 0);
-    } else {
-      std::random_device rd;
-      s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    }
-    std::printf("[gpu tests] seed %llu (replay with DSV41KV_SEED=%llu)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 // Every GPU test derives from this: skips with the reason when no CUDA device is visible.
 class GpuTest : public ::testing::Test {
  protected:

@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
 #include <vector>
 
 #include "dsv41kv/numerics.hpp"
@@ -11,6 +14,23 @@
 namespace dsv41kv::test {
 
 using dsv41kv::Rng;
+
+// Fresh seed per process (printed), or DSV41KV_SEED to replay a run.
+inline uint64_t run_seed() {
+  static const uint64_t seed = [] {
+    uint64_t s;
+    if (const char* e = std::getenv("DSV41KV_SEED")) {
+      s = std::strtoull(e, nullptr, 0);
+    } else {
+      std::random_device rd;
+      s = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    }
+    std::printf("[tests] seed %llu (replay with DSV41KV_SEED=%llu)\n", static_cast<unsigned long long>(s),
+                static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
 
 // n fp32 values ~ N(0, scale^2).
 inline std::vector<float> random_f32(size_t n, Rng& rng, double scale = 1.0) {
