@@ -64,8 +64,8 @@ DecodeSchedule plan_decode_schedule(const DecodeScheduleArgs& a, const ExecConte
   return s;
 }
 
-int64_t prefill_workspace_rows(int ratio, int64_t max_model_len, int64_t max_num_batched_tokens) {
-  const char* op = "prefill_workspace_rows";
+namespace {
+int64_t workspace_rows(const char* op, int ratio, int64_t max_model_len, int64_t max_num_batched_tokens) {
   constexpr int64_t kLimit = int64_t{1} << 40;  // keeps 4 * (...) far from overflow
   if (ratio < 0 || ratio > 2) detail::bad_arg(op, "ratio", fmt::format("{}, expected 0, 1 or 2", ratio));
   if (max_model_len < 1 || max_model_len > kLimit)
@@ -75,10 +75,15 @@ int64_t prefill_workspace_rows(int ratio, int64_t max_model_len, int64_t max_num
   const int64_t cmp = ratio > 0 ? (max_model_len + ratio - 1) / ratio : 0;
   return 4 * (cmp + kSwaWindow + max_num_batched_tokens);
 }
+}  // namespace
+
+int64_t prefill_workspace_rows(int ratio, int64_t max_model_len, int64_t max_num_batched_tokens) {
+  return workspace_rows("prefill_workspace_rows", ratio, max_model_len, max_num_batched_tokens);
+}
 
 std::vector<PrefillChunk> plan_prefill_chunks(const PrefillChunkArgs& a) {
   const char* op = "plan_prefill_chunks";
-  const int64_t cap = prefill_workspace_rows(a.ratio, a.max_model_len, a.max_num_batched_tokens);
+  const int64_t cap = workspace_rows(op, a.ratio, a.max_model_len, a.max_num_batched_tokens);
   const int64_t R = detail::need_vector(op, a.seq_lens, "seq_lens", DType::I32, "i32 [R] sequence lengths");
   const int64_t nG = detail::need_vector(op, a.gather_lens, "gather_lens", DType::I32, "i32 [R] gather lengths", R);
   if (nG != R) detail::bad_arg(op, "gather_lens", fmt::format("{} entries, expected R = {} (seq_lens)", nG, R));
