@@ -39,9 +39,10 @@ void widen(const uint16_t* bf, float* dst) {
 }
 
 // Decode keys (SPEC 9.4): the valid compressed entries of the row (j < cmp_len, slot >= 0), then
-// the valid SWA entries (j < swa_len, slot >= 0), each dequantized by the record readers (SPEC
-// 5.3). The compressed keys come first so that the key list is the one of the prefill rows of
-// SPEC 9.5 step 2 (top-k entries, then the window): the same keys give the same bits either way.
+// the valid SWA entries (j < swa_len, slot >= 0), each the record readers' bf16 values (SPEC 5.3)
+// as fp32 (read_state_f32). The compressed keys come first so that the key list is the one of the
+// prefill rows of SPEC 9.5 step 2 (top-k entries, then the window): the same keys give the same
+// bits either way.
 struct DecodeSource {
   struct Key {
     int32_t slot;
@@ -72,11 +73,7 @@ struct DecodeSource {
   void collect(int64_t t, std::vector<Key>& keys) const {
     each(t, [&](Key k) { keys.push_back(k); });
   }
-  void load(Key k, float* dst) const {
-    uint16_t bf[kLatentDim];
-    read_state(k.cmp ? *cmp : *swa, k.slot, bf);
-    widen(bf, dst);
-  }
+  void load(Key k, float* dst) const { read_state_f32(k.cmp ? *cmp : *swa, k.slot, dst); }
 };
 
 // Prefill keys (SPEC 9.5 step 3): workspace rows indices[t][j] for j < topk_length[t] with

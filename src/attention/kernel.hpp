@@ -28,6 +28,7 @@
 
 #include "core/parallel.hpp"
 #include "dsv41kv/attention.hpp"
+#include "attention/simd.hpp"
 #include "dsv41kv/numerics.hpp"
 
 namespace dsv41kv::detail::attn {
@@ -65,41 +66,52 @@ struct Partial {
 inline float exp_f(double x) { return static_cast<float>(std::exp(x)); }
 
 // z for keys [0, n4) (n4 a multiple of 4; keys past the block's n are zero rows) of one head
-// chunk: four keys against HC heads per pass, every z an fma chain over d ascending.
-template <int HC>
+// chunk of 8 * NV lanes: four keys against the chunk's heads per pass, every z an fma chain over d
+// ascending.
+template <int NV>
 void block_scores(const float* qc, const float* kb, int n4, float scale, float* z) {
+  constexpr int HC = 8 * NV;
+  const V8 sc = v8_set(scale);
   for (int j0 = 0; j0 < n4; j0 += 4) {
-    float acc[4][HC] = {};
+    V8 acc[4][NV];
+    for (auto& a : acc)
+      for (auto& v : a) v = v8_zero();
     const float* k0 = kb + (j0 + 0) * kD;
     const float* k1 = kb + (j0 + 1) * kD;
     const float* k2 = kb + (j0 + 2) * kD;
     const float* k3 = kb + (j0 + 3) * kD;
     for (int d = 0; d < kD; ++d) {
-      const float* qd = qc + d * HC;
-      const float kv[4] = {k0[d], k1[d], k2[d], k3[d]};
+      V8 q[NV];
+      for (int v = 0; v < NV; ++v) q[v] = v8_load(qc + d * HC + 8 * v);
+      const V8 kk[4] = {v8_set(k0[d]), v8_set(k1[d]), v8_set(k2[d]), v8_set(k3[d])};
       for (int jj = 0; jj < 4; ++jj)
-        for (int l = 0; l < HC; ++l) acc[jj][l] = num::fma_rn(qd[l], kv[jj], acc[jj][l]);
+        for (int v = 0; v < NV; ++v) acc[jj][v] = v8_fma(q[v], kk[jj], acc[jj][v]);
     }
     for (int jj = 0; jj < 4; ++jj)
-      for (int l = 0; l < HC; ++l) z[(j0 + jj) * HC + l] = num::mul_rn(scale, acc[jj][l]);
+      for (int v = 0; v < NV; ++v) v8_store(z + (j0 + jj) * HC + 8 * v, v8_mul(sc, acc[jj][v]));
   }
 }
 
-// acc[d][lane] = fma chain over j < n ascending of p[j][lane] * k_j[d], for one head chunk.
-template <int HC>
+// acc[d][lane] = fma chain over j < n ascending of p[j][lane] * k_j[d], for one head chunk of
+// 8 * NV lanes, four dims per pass.
+template <int NV>
 void block_pv(const float* p, const float* kb, int n, float* acc) {
+  constexpr int HC = 8 * NV;
   for (int d0 = 0; d0 < kD; d0 += 4) {
-    float a[4][HC] = {};
+    V8 a[4][NV];
+    for (auto& r : a)
+      for (auto& v : r) v = v8_zero();
     for (int j = 0; j < n; ++j) {
-      const float* pj = p + j * HC;
+      V8 pj[NV];
+      for (int v = 0; v < NV; ++v) pj[v] = v8_load(p + j * HC + 8 * v);
       const float* kj = kb + j * kD + d0;
       for (int dd = 0; dd < 4; ++dd) {
-        const float v = kj[dd];
-        for (int l = 0; l < HC; ++l) a[dd][l] = num::fma_rn(pj[l], v, a[dd][l]);
+        const V8 x = v8_set(kj[dd]);
+        for (int v = 0; v < NV; ++v) a[dd][v] = v8_fma(pj[v], x, a[dd][v]);
       }
     }
     for (int dd = 0; dd < 4; ++dd)
-      for (int l = 0; l < HC; ++l) acc[(d0 + dd) * HC + l] = a[dd][l];
+      for (int v = 0; v < NV; ++v) v8_store(acc + (d0 + dd) * HC + 8 * v, a[dd][v]);
   }
 }
 
@@ -133,8 +145,8 @@ inline void compute_block(const Io& io, Scratch& s, int n, Partial out) {
   for (int c = 0; c < s.chunks; ++c) {
     const float* qc = s.qc.data() + static_cast<size_t>(c) * kD * HC;
     float* z = s.z.data() + static_cast<size_t>(c) * kBlock * HC;
-    if (HC == 16) block_scores<16>(qc, s.kb.data(), n4, io.scale, z);
-    else block_scores<8>(qc, s.kb.data(), n4, io.scale, z);
+    if (HC == 16) block_scores<2>(qc, s.kb.data(), n4, io.scale, z);
+    else block_scores<1>(qc, s.kb.data(), n4, io.scale, z);
     for (int l = 0; l < HC; ++l) {
       const int h = c * HC + l;
       float m = z[l];
@@ -149,8 +161,8 @@ inline void compute_block(const Io& io, Scratch& s, int n, Partial out) {
       out.l[h] = sum;
     }
     float* acc = out.acc + static_cast<size_t>(c) * kD * HC;
-    if (HC == 16) block_pv<16>(z, s.kb.data(), n, acc);
-    else block_pv<8>(z, s.kb.data(), n, acc);
+    if (HC == 16) block_pv<2>(z, s.kb.data(), n, acc);
+    else block_pv<1>(z, s.kb.data(), n, acc);
   }
 }
 
@@ -169,9 +181,13 @@ inline void merge(Partial run, Partial blk, int H) {
     }
     float* ra = run.acc + static_cast<size_t>(c) * kD * HC;
     const float* ba = blk.acc + static_cast<size_t>(c) * kD * HC;
-    for (int d = 0; d < kD; ++d)
-      for (int l = 0; l < HC; ++l)
-        ra[d * HC + l] = num::add_rn(num::mul_rn(ra[d * HC + l], a[l]), num::mul_rn(ba[d * HC + l], b[l]));
+    for (int v = 0; v < HC / 8; ++v) {
+      const V8 av = v8_load(a + 8 * v), bv = v8_load(b + 8 * v);
+      for (int d = 0; d < kD; ++d) {
+        float* r = ra + d * HC + 8 * v;
+        v8_store(r, v8_add(v8_mul(v8_load(r), av), v8_mul(v8_load(ba + d * HC + 8 * v), bv)));
+      }
+    }
   }
 }
 
