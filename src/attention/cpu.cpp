@@ -65,14 +65,6 @@ struct DecodeSource {
     for (int32_t j = 0; j < swa_len[t]; ++j)
       if (swa_idx[t * swa_rs + j] >= 0) f(Key{swa_idx[t * swa_rs + j], false});
   }
-  int64_t count(int64_t t) const {
-    int64_t n = 0;
-    each(t, [&](Key) { ++n; });
-    return n;
-  }
-  void collect(int64_t t, std::vector<Key>& keys) const {
-    each(t, [&](Key k) { keys.push_back(k); });
-  }
   void load(Key k, float* dst) const { read_state_f32(k.cmp ? *cmp : *swa, k.slot, dst); }
 };
 
@@ -92,14 +84,6 @@ struct PrefillSource {
       const int32_t i = idx[t * idx_rs + j];
       if (i >= 0 && i < s_kv) f(i);
     }
-  }
-  int64_t count(int64_t t) const {
-    int64_t n = 0;
-    each(t, [&](Key) { ++n; });
-    return n;
-  }
-  void collect(int64_t t, std::vector<Key>& keys) const {
-    each(t, [&](Key k) { keys.push_back(k); });
   }
   void load(Key k, float* dst) const { widen(kv + k * kv_rs, dst); }
 };

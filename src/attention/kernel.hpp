@@ -223,8 +223,7 @@ inline void finalize(const Io& io, int64_t t, Partial run, int HC) {
 }
 
 // Runs the attention of every token of `io` over the key lists of `src`:
-//   src.count(t)                 valid keys of token t
-//   src.collect(t, keys)         them, in key-list order
+//   src.each(t, f)               f(key) for the valid keys of token t, in key-list order
 //   src.load(key, float* dst)    one key's 512 values (K = V)
 // with `splits` work items per token (1 .. key blocks of the widest list; more is clamped).
 template <class Src>
@@ -236,7 +235,9 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
   std::vector<int64_t> blocks(static_cast<size_t>(T)), nsplit(static_cast<size_t>(T)), ws_at(static_cast<size_t>(T), -1);
   int64_t ws_slots = 0;
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t nb = (src.count(t) + kBlock - 1) / kBlock;
+    int64_t n = 0;
+    src.each(t, [&](Key) { ++n; });
+    const int64_t nb = (n + kBlock - 1) / kBlock;
     const int64_t st = std::clamp<int64_t>(nb, 1, splits);
     blocks[static_cast<size_t>(t)] = nb;
     nsplit[static_cast<size_t>(t)] = st;
@@ -264,7 +265,7 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
       }
       if (sp >= st) continue;
       keys.clear();
-      src.collect(t, keys);
+      src.each(t, [&](Key k) { keys.push_back(k); });
       const auto n_keys = static_cast<int64_t>(keys.size());
       load_q(io, t, s);
       const int64_t b0 = sp * nb / st, b1 = (sp + 1) * nb / st;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 #include <string>
 
 #include "attention/backend.hpp"
@@ -83,6 +85,12 @@ HeadsPlan plan_heads(const char* op, const TensorView& q, const TensorView& out,
   if (!(std::isfinite(scale) && scale > 0.0f))
     bad_arg(op, "softmax_scale", fmt::format("{}, expected a finite value > 0", scale));
   return h;
+}
+
+// Every present view on `dev`, like the view named `ref`.
+void need_devices(const char* op, Device dev, const char* ref,
+                  std::initializer_list<std::pair<const TensorView*, const char*>> views) {
+  for (const auto& [v, arg] : views) need_device(op, *v, arg, dev, ref);
 }
 
 void need_cache_device(const char* op, const CacheView& c, const char* arg, Device dev, const char* ref) {
@@ -201,17 +209,11 @@ DecodePlan plan_sparse_decode(const SparseDecodeArgs& a) {
             "present, expected absent for a swaonly schedule (no compressed cache)");
   }
 
-  need_device(op, a.out, "out", p.device, "q");
-  need_device(op, a.lse, "lse", p.device, "q");
-  need_device(op, a.sink, "sink", p.device, "q");
-  need_device(op, a.swa_indices, "swa_indices", p.device, "q");
-  need_device(op, a.swa_lens, "swa_lens", p.device, "q");
+  need_devices(op, p.device, "q",
+               {{&a.out, "out"}, {&a.lse, "lse"}, {&a.sink, "sink"}, {&a.swa_indices, "swa_indices"},
+                {&a.swa_lens, "swa_lens"}, {&a.cmp_indices, "cmp_indices"}, {&a.cmp_lens, "cmp_lens"}});
   need_cache_device(op, a.swa_cache, "swa_cache", p.device, "q");
-  if (p.with_cmp) {
-    need_device(op, a.cmp_indices, "cmp_indices", p.device, "q");
-    need_device(op, a.cmp_lens, "cmp_lens", p.device, "q");
-    need_cache_device(op, a.cmp_cache, "cmp_cache", p.device, "q");
-  }
+  if (p.with_cmp) need_cache_device(op, a.cmp_cache, "cmp_cache", p.device, "q");
   return p;
 }
 
@@ -244,12 +246,9 @@ PrefillPlan plan_sparse_prefill(const SparsePrefillArgs& a) {
   p.topk = need_index_rows(op, a.indices, "indices", p.heads.T, -1, "i32 [rows >= T, topk] workspace rows");
   p.idx_row_stride = a.indices.stride[0];
   need_vector(op, a.topk_length, "topk_length", DType::I32, "i32 [>= T] index lengths", p.heads.T);
-  need_device(op, a.out, "out", p.device, "q");
-  need_device(op, a.lse, "lse", p.device, "q");
-  need_device(op, a.sink, "sink", p.device, "q");
-  need_device(op, a.kv, "kv", p.device, "q");
-  need_device(op, a.indices, "indices", p.device, "q");
-  need_device(op, a.topk_length, "topk_length", p.device, "q");
+  need_devices(op, p.device, "q",
+               {{&a.out, "out"}, {&a.lse, "lse"}, {&a.sink, "sink"}, {&a.kv, "kv"}, {&a.indices, "indices"},
+                {&a.topk_length, "topk_length"}});
   return p;
 }
 
@@ -297,15 +296,12 @@ GatherPlan plan_prefill_gather(const PrefillGatherArgs& a) {
     bad_arg(op, "workspace",
             fmt::format("row stride {}, expected >= 512 ({})", a.workspace.stride[0], a.workspace.describe()));
   p.ws_row_stride = a.workspace.stride[0];
-  need_device(op, a.gather_lens, "gather_lens", p.device, "seq_lens");
-  need_device(op, a.gather_starts, "gather_starts", p.device, "seq_lens");
-  need_device(op, a.swa_block_table, "swa_block_table", p.device, "seq_lens");
-  need_device(op, a.workspace, "workspace", p.device, "seq_lens");
+  need_devices(op, p.device, "seq_lens",
+               {{&a.gather_lens, "gather_lens"}, {&a.gather_starts, "gather_starts"},
+                {&a.swa_block_table, "swa_block_table"}, {&a.cmp_block_table, "cmp_block_table"},
+                {&a.workspace, "workspace"}});
   need_cache_device(op, a.swa_cache, "swa_cache", p.device, "seq_lens");
-  if (a.ratio > 0) {
-    need_device(op, a.cmp_block_table, "cmp_block_table", p.device, "seq_lens");
-    need_cache_device(op, a.cmp_cache, "cmp_cache", p.device, "seq_lens");
-  }
+  if (a.ratio > 0) need_cache_device(op, a.cmp_cache, "cmp_cache", p.device, "seq_lens");
   return p;
 }
 
@@ -380,12 +376,10 @@ IndexPlan plan_prefill_indices(const PrefillIndexArgs& a) {
   need_index_rows(op, a.indices, "indices", p.T, kPrefillIndexWidth, "i32 [rows >= T, 640] combined index rows");
   p.idx_row_stride = a.indices.stride[0];
   need_vector(op, a.lengths, "lengths", DType::I32, "i32 [>= T] index lengths", p.T);
-  need_device(op, a.token_to_req, "token_to_req", p.device, "positions");
-  need_device(op, a.gather_lens, "gather_lens", p.device, "positions");
-  need_device(op, a.gather_starts, "gather_starts", p.device, "positions");
-  need_device(op, a.topk, "topk", p.device, "positions");
-  need_device(op, a.indices, "indices", p.device, "positions");
-  need_device(op, a.lengths, "lengths", p.device, "positions");
+  need_devices(op, p.device, "positions",
+               {{&a.token_to_req, "token_to_req"}, {&a.gather_lens, "gather_lens"},
+                {&a.gather_starts, "gather_starts"}, {&a.topk, "topk"}, {&a.indices, "indices"},
+                {&a.lengths, "lengths"}});
   return p;
 }
 
@@ -437,9 +431,7 @@ OutputRopePlan plan_output_rope(const OutputRopeArgs& a) {
   need_rows(op, a.rope_table, "rope_table", DType::F32, kRopeDim, 1, "f32 [table_rows >= 1, 64]");
   need_contiguous(op, a.rope_table, "rope_table");
   p.table_rows = a.rope_table.shape[0];
-  need_device(op, a.out, "out", p.device, "o");
-  need_device(op, a.positions, "positions", p.device, "o");
-  need_device(op, a.rope_table, "rope_table", p.device, "o");
+  need_devices(op, p.device, "o", {{&a.out, "out"}, {&a.positions, "positions"}, {&a.rope_table, "rope_table"}});
   return p;
 }
 

@@ -138,16 +138,23 @@ const DecodeTables& decode_tables() {
 // = 2^-116, a normal fp32 (byte 255 is the infinite scale and takes the reader).
 constexpr int kExactUe8m0Min = 20;
 
-// n values of e4m3 codes `q` with one UE8M0 scale byte, as the reader `slow` gives them.
-template <class Slow>
-void ue8m0_tile_f32(const uint8_t* q, uint8_t scale, int n, float* o, Slow&& slow) {
-  if (scale < kExactUe8m0Min || scale == 255) {
-    for (int i = 0; i < n; ++i) o[i] = num::bf16_decode(slow(i));
-    return;
-  }
+// The first `tiles` UE8M0 tiles of `tile` e4m3 values of the state `off` of a page of layout L, as
+// the record's reader gives them.
+template <class L>
+void ue8m0_tiles_f32(const uint8_t* pg, int64_t S, int64_t off, int tiles, int tile, float* o,
+                     uint16_t (*read)(const uint8_t*, int64_t, int64_t, int)) {
+  const uint8_t* val = pg + L::value_offset(S, off);
+  const uint8_t* sc = pg + L::scale_offset(S, off);
   const float* t = decode_tables().e4m3;
-  const float f = num::ue8m0_scale(scale);
-  for (int i = 0; i < n; ++i) o[i] = num::mul_rn(t[q[i]], f);
+  for (int k = 0; k < tiles; ++k) {
+    float* ok = o + tile * k;
+    if (sc[k] < kExactUe8m0Min || sc[k] == 255) {
+      for (int i = 0; i < tile; ++i) ok[i] = num::bf16_decode(read(pg, S, off, tile * k + i));
+      continue;
+    }
+    const float f = num::ue8m0_scale(sc[k]);
+    for (int i = 0; i < tile; ++i) ok[i] = num::mul_rn(t[val[tile * k + i]], f);
+  }
 }
 
 }  // namespace
@@ -156,23 +163,13 @@ void read_state_f32(const CacheView& c, int64_t slot, float* o) {
   const int64_t S = c.states_per_page, page = slot / S, off = slot % S;
   const auto* pg = static_cast<const uint8_t*>(c.base) + page * c.page_stride;
   switch (c.format) {
-    case RecordFormat::V4_584: {
-      const uint8_t* val = pg + V4Layout::value_offset(S, off);
-      const uint8_t* sc = pg + V4Layout::scale_offset(S, off);
-      for (int k = 0; k < 7; ++k)
-        ue8m0_tile_f32(val + 64 * k, sc[k], 64, o + 64 * k,
-                       [&](int i) { return rec::read_v4_584(pg, S, off, 64 * k + i); });
+    case RecordFormat::V4_584:
+      ue8m0_tiles_f32<V4Layout>(pg, S, off, 7, 64, o, rec::read_v4_584);
       for (int d = kNopeDim; d < kLatentDim; ++d) o[d] = num::bf16_decode(rec::read_v4_584(pg, S, off, d));
       break;
-    }
-    case RecordFormat::MXFP8_528: {
-      const uint8_t* val = pg + Mxfp8Layout::value_offset(S, off);
-      const uint8_t* sc = pg + Mxfp8Layout::scale_offset(S, off);
-      for (int k = 0; k < 16; ++k)
-        ue8m0_tile_f32(val + 32 * k, sc[k], 32, o + 32 * k,
-                       [&](int i) { return rec::read_mxfp8_528(pg, S, off, 32 * k + i); });
+    case RecordFormat::MXFP8_528:
+      ue8m0_tiles_f32<Mxfp8Layout>(pg, S, off, 16, 32, o, rec::read_mxfp8_528);
       break;
-    }
     case RecordFormat::NVFP4_288: {
       const uint8_t* val = pg + Nvfp4Layout::value_offset(S, off);
       const uint8_t* sc = pg + Nvfp4Layout::scale_offset(S, off);

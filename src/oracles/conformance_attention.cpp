@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -160,20 +161,27 @@ struct CaseOutputs {
   }
 };
 
-// The tensors every attention case has: q [T, H, 512], sink [H], out_ref, lse_ref.
-void need_heads_tensors(const SafetensorsFile& f, const std::string& p, int64_t T, int64_t H) {
-  need_tensor(f, p + "q", StDType::BF16, {T, H, kLatentDim});
-  need_tensor(f, p + "sink", StDType::F32, {H});
-  need_tensor(f, p + "out_ref", StDType::F32, {T, H, kLatentDim});
-  need_tensor(f, p + "lse_ref", StDType::F32, {T, H});
+// The views every attention op takes from a case: q, sink, the scale, the outputs.
+template <class Args>
+void stage_heads(Args& a, const SafetensorsFile& f, const std::string& p, float scale, CaseOutputs& outs,
+                 Staging& stg) {
+  a.q = stg.view(f.view(p + "q"));
+  a.sink = stg.view(f.view(p + "sink"));
+  a.softmax_scale = scale;
+  a.out = stg.view(outs.out_view(), true);
+  a.lse = stg.view(outs.lse_view(), true);
 }
 
-}  // namespace
-
-FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Options& opt) {
+// The case loop of both runners: each case's name, T, H and softmax scale, the tensors every case
+// has, canary-filled outputs, then `prepare` (the op's own file checks: a malformed file throws
+// out of the runner) returns the op call; an Error from the call is the case's error; then the
+// checks and the dump.
+using CaseCall = std::function<void()>;
+template <class Prepare>
+FileResult run_cases(const SafetensorsFile& f, const json& j, const Options& opt, const char* op, Prepare&& prepare) {
   const std::string& path = f.source();
   FileResult res;
-  res.op = "sparse_decode";
+  res.op = op;
   res.path = path;
   const json& cases = need_cases(j, path);
   Dump dump(opt, f);
@@ -187,8 +195,34 @@ FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Opti
     cr.name = nm.is_string() ? nm.get<std::string>() : nm.dump();
     const int64_t T = need_int(c, "num_tokens", path, where, 0, 1 << 24);
     const int64_t H = need_int(c, "num_heads", path, where, 1, 1 << 16);
-    const double scale = need_num(c, "softmax_scale", path);
-    need_heads_tensors(f, p, T, H);
+    const auto scale = static_cast<float>(need_num(c, "softmax_scale", path));
+    need_tensor(f, p + "q", StDType::BF16, {T, H, kLatentDim});
+    need_tensor(f, p + "sink", StDType::F32, {H});
+    need_tensor(f, p + "out_ref", StDType::F32, {T, H, kLatentDim});
+    need_tensor(f, p + "lse_ref", StDType::F32, {T, H});
+    CaseOutputs outs(T, H);
+    Staging stg(opt.device);
+    const CaseCall call = prepare(c, where, p, T, H, scale, outs, stg, ctx);
+    try {
+      call();
+      stg.download();
+    } catch (const Error& e) {
+      cr.error = fmt::format("{} threw: {}", op, e.what());
+    }
+    outs.judge(f, p, cr, dump);
+    res.read_cases.push_back(std::move(cr));
+  }
+  res.dump_path = dump.finish();
+  return res;
+}
+
+}  // namespace
+
+FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Options& opt) {
+  const std::string& path = f.source();
+  return run_cases(f, j, opt, "sparse_decode",
+                   [&](const json& c, const std::string& where, const std::string& p, int64_t T, int64_t H, float scale,
+                       CaseOutputs& outs, Staging& stg, const ExecContext& ctx) -> CaseCall {
     const RecordFormat swa_f = record_of(path, need(c, "swa_record", path, where), where + "swa_record");
     const CacheView swa = case_cache(f, p + "swa_cache", swa_f, need_int(c, "swa_states_per_page", path, where, 1),
                                      need_int(c, "swa_page_stride", path, where, 1),
@@ -204,10 +238,7 @@ FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Opti
       need_tensor(f, p + "cmp_indices", StDType::I32, {T, kIndexTopk});
       need_tensor(f, p + "cmp_lens", StDType::I32, {T});
     }
-
-    CaseOutputs outs(T, H);
-    Staging stg(opt.device);
-    try {
+    return [&f, &outs, &stg, &ctx, dev = opt.device, p, T, H, scale, swa, cmp, with_cmp] {
       // The file does not name the layer's ratio; the CPU schedule depends only on the key
       // widths, so a c1a schedule whose block size is the cache's page serves c1a and c2a cases.
       DecodeScheduleArgs sa;
@@ -218,82 +249,43 @@ FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Opti
       const DecodeSchedule sched = plan_decode_schedule(sa, ctx);
       SparseDecodeArgs a;
       a.schedule = &sched;
-      a.q = stg.view(f.view(p + "q"));
+      stage_heads(a, f, p, scale, outs, stg);
       a.swa_cache = swa;
-      a.swa_cache.device = opt.device;
+      a.swa_cache.device = dev;
       a.swa_cache.base = stg.put(swa.base, f.bytes(p + "swa_cache").size(), false);
       a.swa_indices = stg.view(f.view(p + "swa_indices"));
       a.swa_lens = stg.view(f.view(p + "swa_lens"));
       if (with_cmp) {
         a.cmp_cache = cmp;
-        a.cmp_cache.device = opt.device;
+        a.cmp_cache.device = dev;
         a.cmp_cache.base = stg.put(cmp.base, f.bytes(p + "cmp_cache").size(), false);
         a.cmp_indices = stg.view(f.view(p + "cmp_indices"));
         a.cmp_lens = stg.view(f.view(p + "cmp_lens"));
       }
-      a.sink = stg.view(f.view(p + "sink"));
-      a.softmax_scale = static_cast<float>(scale);
-      a.out = stg.view(outs.out_view(), true);
-      a.lse = stg.view(outs.lse_view(), true);
       sparse_decode(a, ctx);
-      stg.download();
-    } catch (const Error& e) {
-      cr.error = fmt::format("sparse_decode threw: {}", e.what());
-    }
-    outs.judge(f, p, cr, dump);
-    res.read_cases.push_back(std::move(cr));
-  }
-  res.dump_path = dump.finish();
-  return res;
+    };
+  });
 }
 
 FileResult run_sparse_prefill(const SafetensorsFile& f, const json& j, const Options& opt) {
   const std::string& path = f.source();
-  FileResult res;
-  res.op = "sparse_prefill";
-  res.path = path;
-  const json& cases = need_cases(j, path);
-  Dump dump(opt, f);
-  const ExecContext ctx{nullptr, opt.num_threads};
-  for (size_t ci = 0; ci < cases.size(); ++ci) {
-    const json& c = cases[ci];
-    const std::string where = fmt::format("cases[{}].", ci), p = fmt::format("c{}.", ci);
-    ReadCaseResult cr;
-    cr.index = static_cast<int>(ci);
-    const json& nm = need(c, "name", path, where);
-    cr.name = nm.is_string() ? nm.get<std::string>() : nm.dump();
-    const int64_t T = need_int(c, "num_tokens", path, where, 0, 1 << 24);
-    const int64_t H = need_int(c, "num_heads", path, where, 1, 1 << 16);
+  return run_cases(f, j, opt, "sparse_prefill",
+                   [&](const json& c, const std::string& where, const std::string& p, int64_t T, int64_t, float scale,
+                       CaseOutputs& outs, Staging& stg, const ExecContext& ctx) -> CaseCall {
     const int64_t s_kv = need_int(c, "s_kv", path, where, 0, int64_t{1} << 31);
     const int64_t topk = need_int(c, "topk", path, where, 1, 1 << 20);
-    const double scale = need_num(c, "softmax_scale", path);
-    need_heads_tensors(f, p, T, H);
     need_tensor(f, p + "kv", StDType::BF16, {s_kv, kLatentDim});
     need_tensor(f, p + "indices", StDType::I32, {T, topk});
     need_tensor(f, p + "topk_length", StDType::I32, {T});
-
-    CaseOutputs outs(T, H);
-    Staging stg(opt.device);
-    try {
+    return [&f, &outs, &stg, &ctx, p, scale] {
       SparsePrefillArgs a;
-      a.q = stg.view(f.view(p + "q"));
+      stage_heads(a, f, p, scale, outs, stg);
       a.kv = stg.view(f.view(p + "kv"));
       a.indices = stg.view(f.view(p + "indices"));
       a.topk_length = stg.view(f.view(p + "topk_length"));
-      a.sink = stg.view(f.view(p + "sink"));
-      a.softmax_scale = static_cast<float>(scale);
-      a.out = stg.view(outs.out_view(), true);
-      a.lse = stg.view(outs.lse_view(), true);
       sparse_prefill(a, ctx);
-      stg.download();
-    } catch (const Error& e) {
-      cr.error = fmt::format("sparse_prefill threw: {}", e.what());
-    }
-    outs.judge(f, p, cr, dump);
-    res.read_cases.push_back(std::move(cr));
-  }
-  res.dump_path = dump.finish();
-  return res;
+    };
+  });
 }
 
 }  // namespace detail

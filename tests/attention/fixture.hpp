@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -32,10 +33,7 @@ inline constexpr float kInf = std::numeric_limits<float>::infinity();
 class AttentionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    uint64_t h = 1469598103934665603ull;
-    for (const char* c = info->name(); *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * 1099511628211ull;
-    seed_ = run_seed() ^ h;
+    seed_ = seed_for(::testing::UnitTest::GetInstance()->current_test_info()->name());
     rng_ = std::make_unique<Rng>(seed_);
   }
   Rng& rng() { return *rng_; }
@@ -44,6 +42,40 @@ class AttentionTest : public ::testing::Test {
  private:
   uint64_t seed_ = 0;
   std::unique_ptr<Rng> rng_;
+};
+
+// plan_prefill_chunks of host vectors.
+inline std::vector<PrefillChunk> plan_chunks(int ratio, int64_t max_model_len, int64_t max_num_batched_tokens,
+                                             std::vector<int32_t>& seq_lens, std::vector<int32_t>& gather_lens) {
+  PrefillChunkArgs a;
+  a.ratio = ratio;
+  a.max_model_len = max_model_len;
+  a.max_num_batched_tokens = max_num_batched_tokens;
+  a.seq_lens = view_of(seq_lens);
+  a.gather_lens = view_of(gather_lens);
+  return plan_prefill_chunks(a);
+}
+
+// sparse_prefill's arguments over host vectors (outputs left to the caller).
+inline SparsePrefillArgs prefill_args(std::vector<uint16_t>& q, int64_t T, int64_t H, std::vector<uint16_t>& kv,
+                                      std::vector<int32_t>& idx, int64_t topk, std::vector<int32_t>& len,
+                                      std::vector<float>& sink, float scale) {
+  SparsePrefillArgs a;
+  a.q = TensorView::contiguous(q.data(), DType::BF16, {T, H, kLatentDim});
+  a.kv = TensorView::contiguous(kv.data(), DType::BF16, {static_cast<int64_t>(kv.size()) / kLatentDim, kLatentDim});
+  a.indices = TensorView::contiguous(idx.data(), DType::I32, {T, topk});
+  a.topk_length = view_of(len);
+  a.sink = view_of(sink);
+  a.softmax_scale = scale;
+  return a;
+}
+
+// One bad-input case of an op's arguments: what it changes and a fragment of the message.
+template <class Args>
+struct BadCase {
+  const char* name;
+  std::function<void(Args&)> mutate;
+  const char* part;
 };
 
 // A random finite e4m3 code (NaN codes 0x7F, 0xFF excluded).

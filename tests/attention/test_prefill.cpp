@@ -17,13 +17,7 @@ namespace {
 using Chunks = std::vector<PrefillChunk>;
 
 Chunks plan(int r, int64_t max_len, int64_t mnbt, std::vector<int32_t> seq, std::vector<int32_t> g) {
-  PrefillChunkArgs a;
-  a.ratio = r;
-  a.max_model_len = max_len;
-  a.max_num_batched_tokens = mnbt;
-  a.seq_lens = view_of(seq);
-  a.gather_lens = view_of(g);
-  return plan_prefill_chunks(a);
+  return plan_chunks(r, max_len, mnbt, seq, g);
 }
 
 TEST(PrefillPlan, WorkspaceRows) {
@@ -230,13 +224,7 @@ TEST_F(Prefill, SparsePrefillAgreesWithTheReference) {
   }
   std::vector<float> sink(H);
   for (int h = 0; h < H; ++h) sink[static_cast<size_t>(h)] = h == 2 ? kInf : h == 5 ? -kInf : static_cast<float>(rng().normal());
-  SparsePrefillArgs a;
-  a.q = TensorView::contiguous(q.data(), DType::BF16, {T, H, kLatentDim});
-  a.kv = TensorView::contiguous(kv.data(), DType::BF16, {s_kv, kLatentDim});
-  a.indices = TensorView::contiguous(idx.data(), DType::I32, {T, topk});
-  a.topk_length = view_of(len);
-  a.sink = view_of(sink);
-  a.softmax_scale = default_scale();
+  SparsePrefillArgs a = prefill_args(q, T, H, kv, idx, topk, len, sink, default_scale());
   Outputs base(T, H);
   for (int threads : {1, 2, 5}) {
     Outputs o(T, H);

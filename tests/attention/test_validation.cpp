@@ -106,12 +106,7 @@ TEST_F(Validation, SparsePrefill) {
   std::vector<uint16_t> q(static_cast<size_t>(T * H * kLatentDim), 0), kv(static_cast<size_t>(s_kv * kLatentDim), 0);
   std::vector<int32_t> idx = {0, 1, 2, 3, 9, 10, -1, 4, 5, 5, 5, 5}, len = {4, 2, 0};
   std::vector<float> sink(H, 0.0f);
-  struct Bad {
-    const char* name;
-    std::function<void(SparsePrefillArgs&)> mutate;
-    const char* part;
-  };
-  const std::vector<Bad> cases = {
+  const std::vector<BadCase<SparsePrefillArgs>> cases = {
       {"kv width", [](SparsePrefillArgs& a) { a.kv.shape[1] = 448; }, "sparse_prefill: kv: shape[1] = 448, expected 512"},
       {"kv dtype", [](SparsePrefillArgs& a) { a.kv.dtype = DType::U8; }, "kv: dtype u8, expected bf16"},
       {"kv rows overlap", [](SparsePrefillArgs& a) { a.kv.stride[0] = 256; }, "kv: row stride 256, expected >= 512"},
@@ -132,13 +127,7 @@ TEST_F(Validation, SparsePrefill) {
     len = {4, 2, 0};
     sink.assign(H, 0.0f);
     Outputs o(T, H);
-    SparsePrefillArgs a;
-    a.q = TensorView::contiguous(q.data(), DType::BF16, {T, H, kLatentDim});
-    a.kv = TensorView::contiguous(kv.data(), DType::BF16, {s_kv, kLatentDim});
-    a.indices = TensorView::contiguous(idx.data(), DType::I32, {T, topk});
-    a.topk_length = view_of(len);
-    a.sink = view_of(sink);
-    a.softmax_scale = 0.5f;
+    SparsePrefillArgs a = prefill_args(q, T, H, kv, idx, topk, len, sink, 0.5f);
     a.out = o.out_view();
     a.lse = o.lse_view();
     bad.mutate(a);
@@ -151,15 +140,7 @@ TEST_F(Validation, SparsePrefill) {
 
 TEST_F(Validation, PrefillChunkPlan) {
   std::vector<int32_t> seq = {100, 50}, g = {30, 20};
-  auto run = [&](int r, int64_t len, int64_t mnbt) {
-    PrefillChunkArgs a;
-    a.ratio = r;
-    a.max_model_len = len;
-    a.max_num_batched_tokens = mnbt;
-    a.seq_lens = view_of(seq);
-    a.gather_lens = view_of(g);
-    return plan_prefill_chunks(a);
-  };
+  auto run = [&](int r, int64_t len, int64_t mnbt) { return plan_chunks(r, len, mnbt, seq, g); };
   expect_error([&] { run(3, 200, 10); }, E8, "plan_prefill_chunks: ratio: 3, expected 0, 1 or 2");
   expect_error([&] { run(1, 0, 10); }, E8, "max_model_len: 0, expected 1 .. 2^40");
   expect_error([&] { run(1, 200, 0); }, E8, "max_num_batched_tokens: 0");
@@ -193,12 +174,7 @@ TEST_F(Validation, PrefillGather) {
   auto cmp = std::make_unique<RandomCache>(RecordFormat::V4_584, 32, 4, 0, rng());
   std::vector<int32_t> seq = {70, 60}, G = {40, 60}, g0 = {30, 0};
   std::vector<int32_t> swa_bt = {1, 2, 3, 4, 5, 0}, cmp_bt = {1, 2, 3, 0};  // [2, 3], [2, 2]
-  struct Bad {
-    const char* name;
-    std::function<void(PrefillGatherArgs&)> mutate;
-    const char* part;
-  };
-  const std::vector<Bad> cases = {
+  const std::vector<BadCase<PrefillGatherArgs>> cases = {
       {"ratio", [](PrefillGatherArgs& a) { a.ratio = 4; }, "gather_prefill_workspace: ratio: 4, expected 0, 1 or 2"},
       {"chunk range", [](PrefillGatherArgs& a) { a.chunk.req_end = 3; }, "chunk: requests [0, 3), expected 0 <= req_begin <= req_end <= 2"},
       {"chunk constants", [](PrefillGatherArgs& a) { a.chunk.m_ch = 10; }, "chunk: N_ch = 35, M_ch = 10, expected 0 <= N_ch <= M_ch"},
@@ -256,12 +232,7 @@ TEST_F(Validation, PrefillIndices) {
   std::vector<int64_t> pos = {65, 69, 59};
   std::vector<int32_t> t2r = {0, 0, 1}, G = {40, 60}, g0 = {30, 0};
   std::vector<int32_t> topk(3 * 512, -1);
-  struct Bad {
-    const char* name;
-    std::function<void(PrefillIndexArgs&)> mutate;
-    const char* part;
-  };
-  const std::vector<Bad> cases = {
+  const std::vector<BadCase<PrefillIndexArgs>> cases = {
       {"request outside the chunk", [&](PrefillIndexArgs& a) { a.chunk = {0, 1, 35, 95}; }, "build_prefill_indices: token_to_req: token_to_req[2] = 1, expected a request of the chunk [0, 1)"},
       {"position before the gathered tokens", [&](PrefillIndexArgs&) { pos[0] = 29; }, "positions: positions[0] = 29 of request 0, expected inside its gathered tokens [30, 70)"},
       {"position after the gathered tokens", [&](PrefillIndexArgs&) { pos[2] = 60; }, "positions[2] = 60 of request 1, expected inside its gathered tokens [0, 60)"},
@@ -333,12 +304,7 @@ TEST_F(Validation, OutputRope) {
   std::vector<uint16_t> o(static_cast<size_t>(T * H * kLatentDim), 0x3F80);
   std::vector<int64_t> pos = {0, 3, 7};
   std::vector<float> table(8 * 64, 0.5f);
-  struct Bad {
-    const char* name;
-    std::function<void(OutputRopeArgs&)> mutate;
-    const char* part;
-  };
-  const std::vector<Bad> cases = {
+  const std::vector<BadCase<OutputRopeArgs>> cases = {
       {"no real heads", [](OutputRopeArgs& a) { a.num_real_heads = 0; }, "attention_output_rope: num_real_heads: 0, expected 1 .. H = 16"},
       {"too many real heads", [](OutputRopeArgs& a) { a.num_real_heads = 17; }, "num_real_heads: 17, expected 1 .. H = 16"},
       {"out heads", [](OutputRopeArgs& a) { a.out.shape[1] = 16; }, "out: 16 heads (shape[1]), expected 8"},

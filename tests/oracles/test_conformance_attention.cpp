@@ -3,6 +3,7 @@
 // message when the files are absent), doctored references fail exactly the check they break,
 // --dump writes c{i}.out and c{i}.lse, and the agreement rule (check_attention_out / _lse) admits
 // and rejects what the README says.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -103,7 +104,7 @@ TEST(ConformanceAttention, DoctoredReferencesFail) {
     std::vector<std::string> f;
     for (const auto& c : r.read_cases)
       for (const auto& k : c.checks)
-        if (!k.pass) f.push_back("c" + std::to_string(c.index) + "." + k.what);
+        if (!k.pass) f.push_back(fmt::format("c{}.{}", c.index, k.what));
     return f;
   };
   {  // one output element of decode case 1 moved by 2% of itself plus 0.01

@@ -31,6 +31,13 @@ inline uint64_t run_seed() {
   }();
   return seed;
 }
+// The seed of one test: run_seed() mixed with the test's name (FNV-1a), so every test gets its own
+// inputs and a run replays from its printed seed.
+inline uint64_t seed_for(const char* test_name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = test_name; *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * 1099511628211ull;
+  return run_seed() ^ h;
+}
 
 // n fp32 values ~ N(0, scale^2).
 inline std::vector<float> random_f32(size_t n, Rng& rng, double scale = 1.0) {
