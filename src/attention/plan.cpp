@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <limits>
 #include <utility>
 #include <string>
 
@@ -150,6 +151,11 @@ void need_chunk(const char* op, const PrefillChunk& c, int64_t R, int ratio) {
   if (c.n_ch < 0 || c.m_ch < c.n_ch || (ratio == 0 && c.n_ch != 0))
     bad_arg(op, "chunk",
             fmt::format("N_ch = {}, M_ch = {}, expected 0 <= N_ch <= M_ch (N_ch = 0 for ratio 0)", c.n_ch, c.m_ch));
+  // workspace rows are addressed by i32 index rows
+  if (c.num_reqs() > 0 && c.m_ch > std::numeric_limits<int32_t>::max() / c.num_reqs())
+    bad_arg(op, "chunk",
+            fmt::format("{} requests of M_ch = {} workspace rows, expected fewer than 2^31 rows (i32 indices)",
+                        c.num_reqs(), c.m_ch));
 }
 
 const int32_t* i32(const TensorView& v) { return v.ptr<const int32_t>(); }

@@ -178,6 +178,7 @@ TEST_F(Validation, PrefillGather) {
       {"ratio", [](PrefillGatherArgs& a) { a.ratio = 4; }, "gather_prefill_workspace: ratio: 4, expected 0, 1 or 2"},
       {"chunk range", [](PrefillGatherArgs& a) { a.chunk.req_end = 3; }, "chunk: requests [0, 3), expected 0 <= req_begin <= req_end <= 2"},
       {"chunk constants", [](PrefillGatherArgs& a) { a.chunk.m_ch = 10; }, "chunk: N_ch = 35, M_ch = 10, expected 0 <= N_ch <= M_ch"},
+      {"chunk beyond i32 rows", [](PrefillGatherArgs& a) { a.chunk.m_ch = int64_t{1} << 30; }, "chunk: 2 requests of M_ch = 1073741824 workspace rows, expected fewer than 2^31 rows"},
       {"N_ch below N_b", [](PrefillGatherArgs& a) { a.chunk.n_ch = 34; }, "chunk: N_ch = 34, expected >= N_b = seq_lens[0] / 2 = 35"},
       {"G beyond M_ch - N_ch", [&](PrefillGatherArgs&) { G[1] = 61; seq[1] = 61; }, "gather_lens: gather_lens[1] = 61, expected 0 .. M_ch - N_ch = 60"},
       {"gather beyond seq_len", [&](PrefillGatherArgs&) { g0[0] = 31; }, "gather_starts: gather_starts[0] = 31 with gather_lens 40"},
