@@ -3,7 +3,7 @@
 //   - SWA pages (32 tokens by default, SPEC 3.4): one page id serves the SWA cache of every layer
 //     (each layer has its own cache tensor with the same page numbering). Pages are taken as a
 //     request's positions reach them and given back once they lie wholly below the window of the
-//     step's first query, `first_query_pos - (window - 1)` (SPEC 3.4): the row then holds the
+//     step's first query, `swa_window_start(first_query_pos)` (SPEC 3.4, records.hpp): the row then holds the
 //     null page 0 there.
 //   - compressed pages per layer type (c1a: ratio 1, c2a: ratio 2; S_r states per page): one page
 //     id serves every kv-source layer of the type and its indexer-K cache (SPEC 3.5: the same
@@ -30,7 +30,6 @@ struct AllocatorConfig {
   int64_t swa_pages = 0;              // physical SWA pages, page 0 the null page (>= 2)
   int64_t swa_page_tokens = 32;       // tokens per SWA page (SPEC 3.4)
   int64_t swa_block_table_width = 0;  // logical SWA pages per request (>= 1)
-  int64_t window = 128;               // sliding_window (SPEC 1.1): the query token and 127 before it
   CompressedCacheGeometry c1a, c2a;   // as ServingConfig; num_pages 0: the type is not served
   int64_t ring_blocks = 0;            // ring blocks, block 0 the null block (>= 2 with c2a)
 };

@@ -96,6 +96,21 @@ struct ReadCheck {
   std::string detail;   // first failure, empty when passing
 };
 
+// The README's agreement rule for attention outputs (SPEC 9.7), one definition for the runner and
+// the tests: every element of the bf16 output o within kAttnAtol + kAttnRtol * |ref| (non-finite
+// reference elements matched exactly), the cosine similarity of every row whose reference is not
+// all zero >= 1 - kAttnCosineGap, rows whose reference is all zero exactly 0 (either sign); the lse
+// +inf exactly where the reference's is, elsewhere within kLseAtol + kLseRtol * |ref|.
+inline constexpr double kAttnAtol = 4e-3;
+inline constexpr double kAttnRtol = 1e-2;
+inline constexpr double kAttnCosineGap = 1e-5;
+inline constexpr double kLseAtol = 1e-3;
+inline constexpr double kLseRtol = 1e-4;
+// `rows` rows of 512 bf16 values (out, contiguous) against their references (ref, contiguous).
+ReadCheck check_attention_out(const uint16_t* out, const double* ref, int64_t rows);
+// `rows` lse values against their references.
+ReadCheck check_attention_lse(const float* lse, const double* ref, int64_t rows);
+
 struct ReadCaseResult {
   int index = 0;         // i of the c{i}. tensors
   std::string name;

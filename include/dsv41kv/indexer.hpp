@@ -20,7 +20,6 @@
 namespace dsv41kv {
 
 inline constexpr int kIndexHeads = 32;             // index_n_heads
-inline constexpr int kIndexTopk = 512;             // index_topk: the width of a top-k row
 inline constexpr int kCandidateBlockSize = 8;      // candidate_block_size: entries per block
 inline constexpr int kCandidateTopkBlocks = 2048;  // candidate_topk_blocks: the width of a candidates row
 

@@ -54,6 +54,25 @@ DSV41KV_HD constexpr P rope_row(P p, R r) {
 }
 static_assert(closes_group(int64_t{5}, 2) && !closes_group(int64_t{4}, 2) && closes_group(int64_t{0}, 1) &&
               rope_row(int64_t{13}, 2) == 12 && group_state(int64_t{13}, 2) == 6);
+// The complete groups of r positions among the first n positions of a request: its compressed
+// entries after n tokens (SPEC 9.5: N_b = seq_len / r), and with n = p + 1 the entries visible to
+// a query at position p (SPEC 8.4: n_c(p) = (p + 1) / r).
+template <class N, class R>
+DSV41KV_HD constexpr N closed_groups(N n, R r) {
+  return n / r;
+}
+static_assert(closed_groups(int64_t{13} + 1, 2) == 7 && closed_groups(int64_t{13}, 2) == 6 &&
+              closed_groups(int64_t{5}, 1) == 5);
+
+// The sliding window (SPEC 1.1 sliding_window, 9.1): a query at position p attends to the SWA
+// tokens max(0, p - 127) .. p of its request, the query token included.
+inline constexpr int kSwaWindow = 128;
+template <class P>
+DSV41KV_HD constexpr P swa_window_start(P p) {
+  return p > kSwaWindow - 1 ? p - (kSwaWindow - 1) : P{0};
+}
+static_assert(swa_window_start(int64_t{127}) == 0 && swa_window_start(int64_t{128}) == 1 &&
+              swa_window_start(int64_t{5}) == 0);
 
 constexpr int64_t round_up(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -97,6 +116,7 @@ static_assert(Nvfp4Layout::default_page_stride(32) == 9216);
 // fp32 scale 2^e per state at S*128 + s*4. MXFP4 (opt-in): e2m1 pairs at s*64 + j, then one UE8M0
 // byte per 32-dim block at S*64 + s*4 + k.
 inline constexpr int kIndexHeadDim = 128;
+inline constexpr int kIndexTopk = 512;  // index_topk (SPEC 1.1): entries of a top-k row
 template <int ValueBytes, int ScaleBytes, int PageAlign>
 struct IndexerKLayout : PackedLayout<ValueBytes, ScaleBytes, PageAlign> {};
 using IndexerKFp8Layout = IndexerKLayout<kIndexHeadDim, 4, 576>;

@@ -17,14 +17,13 @@ void no_cuda(const char* op) {
       fmt::format("{}: the views are on cuda, but dsv41kv was built without CUDA (expected cpu views)", op));
 }
 
-void built_without_cuda(const char* what) {
-  invalid_argument(fmt::format("{}: dsv41kv was built without CUDA (DSV41KV_CUDA=OFF)", what));
+void no_cuda_backend(const char* op) {
+  invalid_argument(
+      fmt::format("{}: the views are on cuda, but {} has no CUDA backend yet (expected cpu views)", op, op));
 }
 
-void no_cuda_backend(const char* op) {
-  invalid_argument(fmt::format(
-      "{}: the views are on cuda, but {} has no CUDA backend yet (its kernels are not written; expected cpu views)",
-      op, op));
+void built_without_cuda(const char* what) {
+  invalid_argument(fmt::format("{}: dsv41kv was built without CUDA (DSV41KV_CUDA=OFF)", what));
 }
 
 void check_exec_context(const ExecContext& ctx, const char* op) {

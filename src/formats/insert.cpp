@@ -133,6 +133,90 @@ void read_state(const CacheView& c, int64_t slot, uint16_t* o) {
   }
 }
 
+namespace {
+
+// e4m3 and e2m1 values as fp32; the NaN codes as the reader's NaN (bf16_decode(0x7FC0)), which an
+// exact product with a finite scale returns unchanged.
+struct DecodeTables {
+  float e4m3[256];
+  float e2m1[16];
+  DecodeTables() {
+    for (int q = 0; q < 256; ++q)
+      e4m3[q] = (q & 0x7F) == 0x7F ? num::bf16_decode(0x7FC0) : num::e4m3_decode(static_cast<uint8_t>(q));
+    for (int n = 0; n < 16; ++n) e2m1[n] = num::e2m1_decode(static_cast<uint8_t>(n));
+  }
+};
+const DecodeTables& decode_tables() {
+  static const DecodeTables t;
+  return t;
+}
+// From this UE8M0 byte on, the smallest non-zero e4m3 value times the scale is 2^-9 * 2^(20 - 127)
+// = 2^-116, a normal fp32 (byte 255 is the infinite scale and takes the reader).
+constexpr int kExactUe8m0Min = 20;
+
+// The first `tiles` UE8M0 tiles of `tile` e4m3 values of the state `off` of a page of layout L, as
+// the record's reader gives them.
+template <class L>
+void ue8m0_tiles_f32(const uint8_t* pg, int64_t S, int64_t off, int tiles, int tile, float* o,
+                     uint16_t (*read)(const uint8_t*, int64_t, int64_t, int)) {
+  const uint8_t* val = pg + L::value_offset(S, off);
+  const uint8_t* sc = pg + L::scale_offset(S, off);
+  const float* t = decode_tables().e4m3;
+  for (int k = 0; k < tiles; ++k) {
+    float* ok = o + tile * k;
+    if (sc[k] < kExactUe8m0Min || sc[k] == 255) {
+      for (int i = 0; i < tile; ++i) ok[i] = num::bf16_decode(read(pg, S, off, tile * k + i));
+      continue;
+    }
+    const float f = num::ue8m0_scale(sc[k]);
+    for (int i = 0; i < tile; ++i) ok[i] = num::mul_rn(t[val[tile * k + i]], f);
+  }
+}
+
+}  // namespace
+
+void read_state_f32(const CacheView& c, int64_t slot, float* o) {
+  const int64_t S = c.states_per_page, page = slot / S, off = slot % S;
+  const auto* pg = static_cast<const uint8_t*>(c.base) + page * c.page_stride;
+  switch (c.format) {
+    case RecordFormat::V4_584:
+      ue8m0_tiles_f32<V4Layout>(pg, S, off, 7, 64, o, rec::read_v4_584);
+      for (int d = kNopeDim; d < kLatentDim; ++d) o[d] = num::bf16_decode(rec::read_v4_584(pg, S, off, d));
+      break;
+    case RecordFormat::MXFP8_528:
+      ue8m0_tiles_f32<Mxfp8Layout>(pg, S, off, 16, 32, o, rec::read_mxfp8_528);
+      break;
+    case RecordFormat::NVFP4_288: {
+      const uint8_t* val = pg + Nvfp4Layout::value_offset(S, off);
+      const uint8_t* sc = pg + Nvfp4Layout::scale_offset(S, off);
+      const DecodeTables& t = decode_tables();
+      for (int k = 0; k < 32; ++k) {
+        if ((sc[k] & 0x7F) == 0x7F) {  // NaN scale: the reader's canonical NaN
+          for (int i = 0; i < 16; ++i) o[16 * k + i] = num::bf16_decode(rec::read_nvfp4_288(pg, S, off, 16 * k + i));
+          continue;
+        }
+        const float f = t.e4m3[sc[k]];
+        for (int i = 0; i < 8; ++i) {
+          const uint8_t b = val[8 * k + i];
+          o[16 * k + 2 * i] = num::mul_rn(t.e2m1[b & 0xF], f);
+          o[16 * k + 2 * i + 1] = num::mul_rn(t.e2m1[b >> 4], f);
+        }
+      }
+      break;
+    }
+    case RecordFormat::PLAIN_BF16: {
+      const uint16_t* row = static_cast<const uint16_t*>(c.base) + page * c.page_stride + off * c.row_stride;
+      for (int d = 0; d < kLatentDim; ++d) o[d] = num::bf16_decode(row[d]);
+      break;
+    }
+    case RecordFormat::PLAIN_FP8: {
+      const uint8_t* row = pg + off * c.row_stride;
+      for (int d = 0; d < kLatentDim; ++d) o[d] = num::bf16_decode(rec::read_plain_fp8(row, d, c.fp8_scale));
+      break;
+    }
+  }
+}
+
 bool has_duplicate_writes(const int64_t* slot, const int64_t* pos, const uint8_t* mask, int ratio, int64_t N) {
   std::vector<int64_t> s;
   s.reserve(static_cast<size_t>(N));

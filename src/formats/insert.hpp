@@ -66,6 +66,13 @@ void rope_latent_row(const uint16_t* latent, const float* trow, float* x, float*
 void write_state(const CacheView& c, int64_t slot, const float* x, const float* y, float fp8_inv);
 // The dequantized state at `slot` of `c` as 512 bf16 values (SPEC 5.3, the inverse of write_state).
 void read_state(const CacheView& c, int64_t slot, uint16_t* out);
+// The same values widened to fp32 (bf16_decode of read_state, bit for bit), by table lookups and
+// one exact product where the product needs no bf16 rounding (a UE8M0 scale byte of 20 .. 254:
+// every e4m3 value times the scale is 0 or a normal fp32 of at most 4 significant bits; an NVFP4
+// tile with a non-NaN scale: e2m1 times e4m3 has at most 6 significant bits and lies in the normal
+// range), through the readers otherwise. Checked on every code and scale byte by
+// tests/formats/test_records.cpp. The attention keys are read with it.
+void read_state_f32(const CacheView& c, int64_t slot, float* out);
 
 // The host value checks of every op that writes one state per closing token with a slot (the
 // insert, the index-K store of SPEC 8.1): for each token t < N with slot[t] >= 0, the slot below

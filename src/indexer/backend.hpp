@@ -53,7 +53,7 @@ IndexerShortcutPlan plan_indexer_shortcut(const IndexerShortcutArgs& a);
 void check_indexer_shortcut_values(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p);
 
 // n_c(p) = (p + 1) / r (SPEC 8.4): the entries a token at position p sees.
-inline int64_t visible_entries(int64_t p, int ratio) { return (p + 1) / ratio; }
+inline int64_t visible_entries(int64_t p, int ratio) { return closed_groups(p + 1, static_cast<int64_t>(ratio)); }
 // ceil(n / 8): the candidate blocks over n entries (SPEC 8.7).
 inline int64_t candidate_blocks(int64_t n) { return (n + kCandidateBlockSize - 1) / kCandidateBlockSize; }
 

@@ -53,12 +53,12 @@ BackendSelection select_backend(const ModelConfig& cfg, const ComputeDevice& dev
   if (cfg.num_key_value_heads != 0 && cfg.num_key_value_heads != 1)
     f.push_back({E4, fmt::format("MLA: num_key_value_heads {}, expected 1 (one 512-d latent K = V per token)",
                                  cfg.num_key_value_heads)});
-  if (cfg.any_compressed() && cfg.index_topk != detail::kTopkTokens)
+  if (cfg.any_compressed() && cfg.index_topk != kIndexTopk)
     f.push_back({E4, fmt::format("sparse: index_topk {}, expected {} (the width of the top-k key lists)",
-                                 cfg.index_topk, detail::kTopkTokens)});
-  if (cfg.sliding_window != detail::kSwaWindow)
+                                 cfg.index_topk, kIndexTopk)});
+  if (cfg.sliding_window != kSwaWindow)
     f.push_back({E4, fmt::format("sliding_window {}, expected {} (the width of the SWA window rows)",
-                                 cfg.sliding_window, detail::kSwaWindow)});
+                                 cfg.sliding_window, kSwaWindow)});
 
   // kv-cache dtype
   const bool fp8 = kv_cache_dtype == "auto" || kv_cache_dtype == "fp8_ds_mla" || kv_cache_dtype == "fp8";
@@ -111,7 +111,7 @@ BackendSelection select_backend(const ModelConfig& cfg, const ComputeDevice& dev
   s.kv_cache_dtype = "fp8_ds_mla";
   s.swa_format = s.compressed_format = dev.sm90_profile() ? RecordFormat::V4_584 : RecordFormat::MXFP8_528;
   s.kernel_block_size = want_block;
-  s.topk_tokens = detail::kTopkTokens;
+  s.topk_tokens = kIndexTopk;
   return s;
 }
 

@@ -22,7 +22,6 @@ namespace dsv41kv {
 namespace {
 
 using detail::bad_arg;
-using detail::kSwaWindow;
 using detail::need_device;
 using detail::need_vector;
 using detail::table_at;
@@ -113,7 +112,7 @@ struct PagedLookup {
 
 // The window of SPEC 6.6 of a valid decode token at position p: lengths and entries.
 void write_window_row(const PagedLookup& lk, int64_t j, int64_t p, int32_t* row, int32_t& len) {
-  const int64_t start = detail::window_start(p), n = detail::window_len(p);
+  const int64_t start = swa_window_start(p), n = detail::window_len(p);
   for (int64_t k = 0; k < kSwaWindow; ++k) row[k] = k < n ? lk.slot(j, start + k) : -1;
   len = static_cast<int32_t>(n);
 }
@@ -174,7 +173,7 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
     if (slot[t] < 0) return;
     const int64_t p = pos[t];
     if (p < 0) bad_arg(op, "positions", fmt::format("positions[{}] = {} (request {}), expected >= 0", t, p, j));
-    for (int64_t u = detail::window_start(p); u <= p; ++u)
+    for (int64_t u = swa_window_start(p); u <= p; ++u)
       lk.check(j, u, [&] { return fmt::format("token {} (request {}, position {}): window position {}", t, j, p, u); });
   });
 
@@ -360,7 +359,7 @@ SparseMlaMetadata build_sparse_mla_metadata(const SparseMlaMetadataArgs& a, cons
   m.req_id_per_token = a.req_id_per_token;
   if (r == 0) return m;
 
-  m.topk_tokens = detail::kTopkTokens;
+  m.topk_tokens = kIndexTopk;
   m.states_per_page = a.states_per_page > 0 ? a.states_per_page : m.kernel_block_size / r;
   m.compressed_slots = a.compressed_slots;
   CompressedSlotArgs c;

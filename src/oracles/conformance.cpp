@@ -494,6 +494,10 @@ FileResult run_compress_insert(const SafetensorsFile& f, const json& j, const Op
 }  // namespace
 
 namespace detail {
+// The read-path runners (conformance_attention.cpp).
+FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Options& opt);
+FileResult run_sparse_prefill(const SafetensorsFile& f, const json& j, const Options& opt);
+
 // The runner of each op a conformance file may name.
 struct OpRunner {
   const char* op;
@@ -502,6 +506,8 @@ struct OpRunner {
 constexpr OpRunner kRunners[] = {
     {"compress_insert", run_compress_insert},
     {"indexer_topk", run_indexer_topk},
+    {"sparse_decode", run_sparse_decode},
+    {"sparse_prefill", run_sparse_prefill},
 };
 }  // namespace detail
 

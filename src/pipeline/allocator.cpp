@@ -53,7 +53,6 @@ void validate(const AllocatorConfig& c) {
   need(c.swa_pages >= 2 && c.swa_pages <= kMaxIds, "swa_pages", c.swa_pages, "2 .. 2^31 (page 0 is the null page)");
   need(c.swa_page_tokens >= 1, "swa_page_tokens", c.swa_page_tokens, ">= 1");
   need(c.swa_block_table_width >= 1, "swa_block_table_width", c.swa_block_table_width, ">= 1");
-  need(c.window >= 1, "window", c.window, ">= 1");
   for (int r : {1, 2}) {
     const CompressedCacheGeometry& g = r == 1 ? c.c1a : c.c2a;
     const char* pages = r == 1 ? "c1a.num_pages" : "c2a.num_pages";
@@ -110,7 +109,7 @@ StepRequest CacheAllocator::prepare(int64_t id, int64_t num_computed, int64_t qu
   RequestPages& rp = it->second;
   const int64_t P = cfg_.swa_page_tokens;
   const int64_t last = num_computed + query_len - 1;  // newest position of the step
-  const int64_t window_start = std::max<int64_t>(num_computed - (cfg_.window - 1), 0);
+  const int64_t window_start = swa_window_start(num_computed);
   const int64_t keep_from = window_start / P;         // first logical SWA page the step reads
 
   // What the step needs, checked whole before anything is taken.

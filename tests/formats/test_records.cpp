@@ -14,6 +14,7 @@
 
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/records.hpp"
+#include "formats/insert.hpp"
 #include "formats/reference.hpp"
 #include "support/canary.hpp"
 #include "support/compare.hpp"
@@ -373,4 +374,48 @@ TEST(RecordRoundTrip, PlainFp8Rows) {
   }
   EXPECT_EQ(rec::plain_fp8_encode(std::numeric_limits<float>::quiet_NaN(), 2.0f), 0x7F);
   EXPECT_EQ(rec::plain_fp8_encode(-std::numeric_limits<float>::infinity(), 2.0f), 0xFE);
+}
+
+// ============================================================================ read_state_f32
+
+// read_state_f32 equals the widened bf16 of read_state bit for bit, on every value code with every
+// scale byte of each format (the UE8M0 bytes below 20 and 255 and the NaN NVFP4 scales included),
+// and on plain rows.
+TEST(ReadStateF32, EqualsTheWidenedReaderOnEveryCodeAndScale) {
+  auto expect_state = [](const CacheView& c, int64_t slot, const char* what, int scale) {
+    uint16_t bf[512];
+    float f[512];
+    dsv41kv::detail::read_state(c, slot, bf);
+    dsv41kv::detail::read_state_f32(c, slot, f);
+    for (int d = 0; d < 512; ++d)
+      ASSERT_EQ(num::f2u(f[d]), num::f2u(num::bf16_decode(bf[d]))) << what << " scale byte " << scale << " dim " << d;
+  };
+  // one state per page; its values run through every code (584: 448 e4m3 values, 528: 512, 288:
+  // 512 nibbles), every tile with the same scale byte; the 584 RoPE dims hold bf16 codes
+  std::vector<uint8_t> page(1024, 0);
+  for (int s = 0; s < 256; ++s) {
+    const auto sb = static_cast<uint8_t>(s);
+    CacheView c = CacheView::with_default_strides(page.data(), RecordFormat::V4_584, 1, 1);
+    for (int d = 0; d < 448; ++d) page[static_cast<size_t>(d)] = static_cast<uint8_t>(d + s);
+    for (int i = 0; i < 128; ++i) page[static_cast<size_t>(448 + i)] = static_cast<uint8_t>(i * 37 + s);
+    for (int k = 0; k < 7; ++k) page[static_cast<size_t>(576 + k)] = sb;
+    expect_state(c, 0, "v4_584", s);
+    c = CacheView::with_default_strides(page.data(), RecordFormat::MXFP8_528, 1, 1);
+    for (int d = 0; d < 512; ++d) page[static_cast<size_t>(d)] = static_cast<uint8_t>(d + s);
+    for (int k = 0; k < 16; ++k) page[static_cast<size_t>(512 + k)] = sb;
+    expect_state(c, 0, "mxfp8_528", s);
+    c = CacheView::with_default_strides(page.data(), RecordFormat::NVFP4_288, 1, 1);
+    for (int j = 0; j < 256; ++j) page[static_cast<size_t>(j)] = static_cast<uint8_t>(j * 17 + s);
+    for (int k = 0; k < 32; ++k) page[static_cast<size_t>(256 + k)] = sb;
+    expect_state(c, 0, "nvfp4_288", s);
+  }
+  for (float sigma : {1.0f, 0.0625f, 3.3f, 1e-30f}) {
+    CacheView c = CacheView::with_default_strides(page.data(), RecordFormat::PLAIN_FP8, 1, 1);
+    c.fp8_scale = sigma;
+    for (int d = 0; d < 512; ++d) page[static_cast<size_t>(d)] = static_cast<uint8_t>(d);
+    expect_state(c, 0, "fp8", 0);
+  }
+  std::vector<uint16_t> row(512);
+  for (int d = 0; d < 512; ++d) row[static_cast<size_t>(d)] = static_cast<uint16_t>(d * 131 + 7);
+  expect_state(CacheView::with_default_strides(row.data(), RecordFormat::PLAIN_BF16, 1, 1), 0, "bf16", 0);
 }

@@ -30,7 +30,6 @@ AllocatorConfig small_config() {
   c.swa_pages = 64;
   c.swa_page_tokens = 32;
   c.swa_block_table_width = 40;  // 1280 positions
-  c.window = 128;
   c.c1a = {0, 32, 20};           // S_1 = 64 (default), 20 logical pages
   c.c2a = {0, 32, 20};           // S_2 = 32 (default)
   c.ring_blocks = 9;
@@ -215,9 +214,6 @@ TEST(CacheAllocator, BadCallsAreE8) {
   CacheAllocator d(c);
   d.add(1);
   EXPECT_TRUE(d.prepare(1, 0, 5).c1a_pages.empty());
-  c = small_config();
-  c.window = 0;
-  EXPECT_ERROR(CacheAllocator{c}, ErrorCode::kInvalidArgument, "window: 0");
 }
 
 }  // namespace

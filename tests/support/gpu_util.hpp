@@ -31,10 +31,7 @@ class GpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!cuda_device_available()) GTEST_SKIP() << cuda_device_description();
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    uint64_t h = 1469598103934665603ull;
-    for (const char* c = info->name(); *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * 1099511628211ull;
-    seed_ = run_seed() ^ h;
+    seed_ = seed_for(::testing::UnitTest::GetInstance()->current_test_info()->name());
     rng_ = std::make_unique<Rng>(seed_);
   }
   Rng& rng() { return *rng_; }

@@ -17,6 +17,7 @@ using dsv41kv::Rng;
 
 // One seed per test process: DSV41KV_SEED when set (to replay a run), else fresh from
 // std::random_device; printed once. Tests name the seed they derive from it in a SCOPED_TRACE.
+// Fresh seed per process (printed), or DSV41KV_SEED to replay a run.
 inline uint64_t run_seed() {
   static const uint64_t seed = [] {
     uint64_t s;
@@ -31,6 +32,13 @@ inline uint64_t run_seed() {
     return s;
   }();
   return seed;
+}
+// The seed of one test: run_seed() mixed with the test's name (FNV-1a), so every test gets its own
+// inputs and a run replays from its printed seed.
+inline uint64_t seed_for(const char* test_name) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char* c = test_name; *c; ++c) h = (h ^ static_cast<uint8_t>(*c)) * 1099511628211ull;
+  return run_seed() ^ h;
 }
 
 // n fp32 values ~ N(0, scale^2).

@@ -11,6 +11,7 @@
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/safetensors.hpp"
 #include "support/cli.hpp"
+#include "support/doctor.hpp"
 #include "support/paths.hpp"
 
 namespace fs = std::filesystem;
@@ -29,23 +30,7 @@ using test::TempDir;
 // `dsv41kv conform <args>`
 CliRun conform_cli(const std::string& args, const TempDir& tmp) { return test::run_cli("conform " + args, tmp); }
 
-// A copy of `src` with tensor `name` replaced by `edit(bytes)`.
-template <class Fn>
-void write_doctored(const std::string& src, const std::string& dst, const std::string& name, Fn edit) {
-  const auto f = SafetensorsFile::load(src);
-  SafetensorsWriter w;
-  for (const auto& t : f.names()) {
-    if (t != name) {
-      w.add_from(f, t);
-      continue;
-    }
-    std::vector<uint8_t> b(f.bytes(t).begin(), f.bytes(t).end());
-    edit(b);
-    w.add(t, f.info(t).dtype, f.info(t).shape, b);
-  }
-  for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
-  w.write(dst);
-}
+using test::write_doctored;
 
 }  // namespace
 

@@ -1,0 +1,50 @@
+// Public attention API (attention.hpp): validate every argument on the host, then run the CPU
+// backend (cpu.cpp). Nothing is written before all checks have passed; views on a CUDA device
+// pass the same view checks and are then refused (no CUDA backend yet).
+#include "attention/backend.hpp"
+#include "core/dispatch.hpp"
+
+namespace dsv41kv {
+
+void sparse_decode(const SparseDecodeArgs& args, const ExecContext& ctx) {
+  detail::check_exec_context(ctx, "sparse_decode");
+  const detail::DecodePlan p = detail::plan_sparse_decode(args);
+  detail::dispatch_cpu_only(
+      "sparse_decode", p.device, p.heads.T == 0, [&] { detail::check_sparse_decode_values(args, p); },
+      [&] { detail::cpu::sparse_decode(args, p, ctx); });
+}
+
+void sparse_prefill(const SparsePrefillArgs& args, const ExecContext& ctx) {
+  detail::check_exec_context(ctx, "sparse_prefill");
+  const detail::PrefillPlan p = detail::plan_sparse_prefill(args);
+  detail::dispatch_cpu_only(
+      "sparse_prefill", p.device, p.heads.T == 0, [&] { detail::check_sparse_prefill_values(args, p); },
+      [&] { detail::cpu::sparse_prefill(args, p, ctx); });
+}
+
+void gather_prefill_workspace(const PrefillGatherArgs& args, const ExecContext& ctx) {
+  detail::check_exec_context(ctx, "gather_prefill_workspace");
+  const detail::GatherPlan p = detail::plan_prefill_gather(args);
+  detail::dispatch_cpu_only(
+      "gather_prefill_workspace", p.device, args.chunk.num_reqs() == 0,
+      [&] { detail::check_prefill_gather_values(args, p); },
+      [&] { detail::cpu::gather_prefill_workspace(args, p, ctx); });
+}
+
+void build_prefill_indices(const PrefillIndexArgs& args, const ExecContext& ctx) {
+  detail::check_exec_context(ctx, "build_prefill_indices");
+  const detail::IndexPlan p = detail::plan_prefill_indices(args);
+  detail::dispatch_cpu_only(
+      "build_prefill_indices", p.device, p.T == 0, [&] { detail::check_prefill_index_values(args, p); },
+      [&] { detail::cpu::build_prefill_indices(args, p, ctx); });
+}
+
+void attention_output_rope(const OutputRopeArgs& args, const ExecContext& ctx) {
+  detail::check_exec_context(ctx, "attention_output_rope");
+  const detail::OutputRopePlan p = detail::plan_output_rope(args);
+  detail::dispatch_cpu_only(
+      "attention_output_rope", p.device, p.T == 0, [&] { detail::check_output_rope_values(args, p); },
+      [&] { detail::cpu::attention_output_rope(args, p, ctx); });
+}
+
+}  // namespace dsv41kv
