@@ -15,6 +15,7 @@
 // (whose output is 0 whatever the sink).
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -29,6 +30,8 @@ namespace dsv41kv {
 inline constexpr int kAttentionHeadCounts[] = {8, 16, 32, 64, 128};
 // Query tokens per request of a decode call (MTP / speculative decode), at most.
 inline constexpr int kMaxDecodeQueriesPerRequest = 6;
+// The model's softmax scale 512^-0.5 in fp32 (SPEC 1.1: 0x3D3504F3).
+inline constexpr float kSoftmaxScale = std::bit_cast<float>(0x3D3504F3u);
 // Width of a combined prefill index row (SPEC 9.5 step 2): round_up(512 + 128, 128).
 inline constexpr int kPrefillIndexWidth = 640;
 
@@ -128,7 +131,7 @@ std::vector<PrefillChunk> plan_prefill_chunks(const PrefillChunkArgs& args);
 // not special-case page 0). Every other workspace row is left untouched. Host values: G_b, N_b
 // within the chunk's constants, gather_start_b + G_b <= seq_len_b, table columns inside the
 // table, page ids in [0, num_pages) (E8 otherwise).
-struct PrefillGatherArgs {
+struct WorkspaceGatherArgs {
   int ratio = 0;
   PrefillChunk chunk;
   TensorView seq_lens;          // i32 [R]
@@ -140,7 +143,7 @@ struct PrefillGatherArgs {
   TensorView cmp_block_table;   // r > 0: i32 [R, pages]; r = 0: absent
   TensorView workspace;         // bf16 [rows >= chunk.num_reqs() * M_ch, 512], inner stride 1
 };
-void gather_prefill_workspace(const PrefillGatherArgs& args, const ExecContext& ctx = {});
+void gather_prefill_workspace(const WorkspaceGatherArgs& args, const ExecContext& ctx = {});
 
 // Step 2 of SPEC 9.5, the combined index rows of the chunk's query tokens (width 640, -1 filled):
 // with topk_len = r > 0 ? min(n_c(p), 512) : 0, entry j < topk_len is M_ch * bi + i for

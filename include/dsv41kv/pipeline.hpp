@@ -36,6 +36,7 @@
 
 #include "dsv41kv/buffer.hpp"
 #include "dsv41kv/common.hpp"
+#include "dsv41kv/metadata.hpp"
 #include "dsv41kv/projection.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
@@ -53,6 +54,15 @@ struct CompressedCacheGeometry {
   int64_t block_table_width = 0;  // logical pages per request (block-table columns), >= 1 when served
 };
 
+// The SWA cache of every layer (SPEC 3.4): pages of page_tokens tokens, one block table per
+// request that every layer's SWA cache shares (each layer has its own cache tensor of num_pages
+// pages). num_pages 0: no SWA cache (a write-path-only configuration).
+struct SwaCacheGeometry {
+  int64_t page_tokens = 32;       // P (SPEC 3.4, 6.4)
+  int64_t num_pages = 0;          // physical pages of each layer's SWA cache, page 0 the null page
+  int64_t block_table_width = 0;  // logical pages per request, >= 1 when served
+};
+
 struct ServingConfig {
   Device device = Device::CPU;  // where every buffer lives and every op runs
   ExecContext exec;             // CUDA stream and CPU threads of every op
@@ -61,6 +71,7 @@ struct ServingConfig {
   int64_t num_speculative_tokens = 0;  // sets the ring capacity (SPEC 3.2)
   int64_t ring_blocks = 0;      // blocks of every ratio-2 ring, block 0 the null block (>= 1 with c2a)
   CompressedCacheGeometry c1a, c2a;
+  SwaCacheGeometry swa;
   // The compressed-cache formats every kv-source layer writes (at least one, no repeats).
   std::vector<RecordFormat> formats{std::begin(kAllRecordFormats), std::end(kAllRecordFormats)};
   float fp8_scale = 1.0f;       // plain fp8 rows: the per-tensor scale sigma (finite, > 0)
@@ -69,6 +80,7 @@ struct ServingConfig {
   const CompressedCacheGeometry& compressed(int ratio) const;
   int64_t states_per_page(int ratio) const;
   bool serves(int ratio) const { return compressed(ratio).num_pages > 0; }
+  bool serves_swa() const { return swa.num_pages > 0; }
   int64_t ring_capacity() const;  // cap of SPEC 3.2
 };
 // E8 naming the field (E2 from compressed() for a bad ratio).
@@ -132,6 +144,25 @@ class StepMetadata {
   TensorView ring_slots() const;           // i64 [N] (c2a served)
   TensorView ring_block_table() const;     // i32 [num_reqs, 1]
   TensorView block_table(int ratio) const; // i32 [num_reqs, block_table_width]
+
+  // The read path's metadata (SPEC 6.2, 6.4, 6.6), when the SWA cache is served (E8 otherwise):
+  TensorView swa_block_table() const;      // i32 [num_reqs, swa.block_table_width]
+  TensorView swa_slots() const;            // i64 [N]: slot_swa (SPEC 6.4); is_valid_token = slot >= 0
+  TensorView token_valid() const;          // i32 [N]: 1 where slot_swa >= 0 (SPEC 6.1), else 0
+  TensorView seq_lens() const;             // i64 [num_reqs]: num_computed + query_len
+  int64_t max_seq_len() const;             // the largest seq_len of the step (0 without requests)
+  // Built on the host (the CPU device only, until the read path's kernels exist; E8 on CUDA):
+  DecodeSplit split() const;               // SPEC 6.2 with cfg.num_speculative_tokens
+  // The decode query rows' query tokens per request: the decodes' common query_len, 1 when they
+  // differ (each decode token is its own query row, SPEC 6.2) or without decodes.
+  int decode_s_q() const;
+  TensorView swa_window() const;           // i32 [max_tokens, 128]: the decode window rows (SPEC 6.6)
+  TensorView swa_window_lens() const;      // i32 [max_tokens]: their lengths (0 beyond the decodes)
+  TensorView gather_lens() const;          // i64 [num_prefills]: G_b of the i-th prefill (SPEC 6.6)
+  TensorView gather_starts() const;        // i64 [num_prefills]: gather_start_b
+  // Counts the builds of this object: a layer's results name the build they belong to, so that a
+  // consumer layer can tell that its source ran on this very step.
+  uint64_t generation() const;
   // Milliseconds of the last build on the device (CUDA events around uploads and builders: waits
   // for them), or of the host calls on the CPU.
   double last_ms() const;

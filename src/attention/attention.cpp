@@ -22,7 +22,7 @@ void sparse_prefill(const SparsePrefillArgs& args, const ExecContext& ctx) {
       [&] { detail::cpu::sparse_prefill(args, p, ctx); });
 }
 
-void gather_prefill_workspace(const PrefillGatherArgs& args, const ExecContext& ctx) {
+void gather_prefill_workspace(const WorkspaceGatherArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "gather_prefill_workspace");
   const detail::GatherPlan p = detail::plan_prefill_gather(args);
   detail::dispatch_cpu_only(

@@ -50,8 +50,8 @@ struct GatherPlan {
   int64_t swa_bt_stride = 0, swa_bt_cols = 0;
   int64_t cmp_bt_stride = 0, cmp_bt_cols = 0;
 };
-GatherPlan plan_prefill_gather(const PrefillGatherArgs& a);
-void check_prefill_gather_values(const PrefillGatherArgs& a, const GatherPlan& p);
+GatherPlan plan_prefill_gather(const WorkspaceGatherArgs& a);
+void check_prefill_gather_values(const WorkspaceGatherArgs& a, const GatherPlan& p);
 
 struct IndexPlan {
   Device device = Device::CPU;
@@ -83,7 +83,7 @@ int64_t plan_splits(int64_t T, int64_t key_blocks, int threads);
 namespace cpu {
 void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx);
 void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx);
-void gather_prefill_workspace(const PrefillGatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
+void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void build_prefill_indices(const PrefillIndexArgs& a, const IndexPlan& p, const ExecContext& ctx);
 void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, const ExecContext& ctx);
 }  // namespace cpu

@@ -120,7 +120,7 @@ void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const Exec
 
 // SPEC 9.5 step 1: the rows of every chunk request (its N_b compressed entries, then its G_b SWA
 // tokens) as one flat list split over threads.
-void gather_prefill_workspace(const PrefillGatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
+void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
   const PrefillChunk& c = a.chunk;
   const auto* seq = a.seq_lens.ptr<const int32_t>();
   const auto* gl = a.gather_lens.ptr<const int32_t>();

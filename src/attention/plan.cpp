@@ -267,7 +267,7 @@ void check_sparse_prefill_values(const SparsePrefillArgs& a, const PrefillPlan& 
 
 // ---------------------------------------------------------------- gather_prefill_workspace
 
-GatherPlan plan_prefill_gather(const PrefillGatherArgs& a) {
+GatherPlan plan_prefill_gather(const WorkspaceGatherArgs& a) {
   const char* op = "gather_prefill_workspace";
   GatherPlan p;
   need_ratio012(op, a.ratio);
@@ -333,7 +333,7 @@ void check_table_reads(const char* op, const char* arg, const TensorView& bt, in
 }
 }  // namespace
 
-void check_prefill_gather_values(const PrefillGatherArgs& a, const GatherPlan& p) {
+void check_prefill_gather_values(const WorkspaceGatherArgs& a, const GatherPlan& p) {
   const char* op = "gather_prefill_workspace";
   const PrefillChunk& c = a.chunk;
   for (int64_t b = c.req_begin; b < c.req_end; ++b) {

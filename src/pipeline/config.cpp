@@ -47,6 +47,15 @@ void validate(const ServingConfig& c) {
       detail::bad_arg(op, (name + ".block_table_width").c_str(),
                       fmt::format("{}, expected >= 1 for a served type", g.block_table_width));
   }
+  if (c.swa.num_pages < 0 || c.swa.num_pages > std::numeric_limits<int32_t>::max())
+    detail::bad_arg(op, "swa.num_pages", fmt::format("{}, expected 0..2^31-1 (0: no SWA cache)", c.swa.num_pages));
+  if (c.serves_swa()) {
+    if (c.swa.page_tokens < 1)
+      detail::bad_arg(op, "swa.page_tokens", fmt::format("{}, expected >= 1 (32 per SPEC 3.4)", c.swa.page_tokens));
+    if (c.swa.block_table_width < 1)
+      detail::bad_arg(op, "swa.block_table_width",
+                      fmt::format("{}, expected >= 1 with an SWA cache", c.swa.block_table_width));
+  }
   if (c.serves(2) && (c.ring_blocks < 1 || c.ring_blocks > std::numeric_limits<int32_t>::max()))
     detail::bad_arg(op, "ring_blocks", fmt::format("{}, expected 1..2^31-1 with c2a served", c.ring_blocks));
   if (!c.serves(1) && !c.serves(2)) detail::bad_arg(op, "c1a, c2a", "neither served, expected num_pages > 0 in one");

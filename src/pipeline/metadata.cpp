@@ -21,12 +21,22 @@ struct StepMetadata::Impl {
   std::vector<int32_t> h_bt[2];
   Buffer qsl, pos, t2r, ring_bt, ring_slots;
   Buffer bt[2], cslots[2];
+  // the read path (served SWA cache)
+  std::vector<int32_t> h_swa_bt;
+  std::vector<int64_t> h_seq;
+  Buffer swa_bt, swa_slots, valid, seq;
+  Buffer window, window_lens, gather_lens, gather_starts;  // host builders (CPU)
+  DecodeSplit split;
+  int s_q = 1;
+  int64_t max_seq = 0;
+  uint64_t generation = 0;
   detail::Timeline timeline;
 
   explicit Impl(const ServingConfig& c) : cfg(c), timeline(c.device, 2) {}
 
   int64_t width(int r) const { return cfg.compressed(r).block_table_width; }
   void check(const StepBatch& b) const;
+  void build_read_path(const StepBatch& b);
 };
 
 namespace {
@@ -57,6 +67,25 @@ void StepMetadata::Impl::check(const StepBatch& b) const {
                                               tokens, b.padding_rows, cfg.max_tokens));
   for (size_t j = 0; j < b.requests.size(); ++j) {
     const StepRequest& q = b.requests[j];
+    if (cfg.serves_swa()) {
+      const SwaCacheGeometry& g = cfg.swa;
+      if (static_cast<int64_t>(q.swa_pages.size()) > g.block_table_width)
+        bad_request(j, "swa_pages", fmt::format("{} entries, expected at most swa.block_table_width = {}",
+                                                q.swa_pages.size(), g.block_table_width));
+      for (size_t k = 0; k < q.swa_pages.size(); ++k)
+        if (q.swa_pages[k] >= g.num_pages)
+          bad_request(j, "swa_pages", fmt::format("page {} at logical page {}, expected < swa.num_pages = {} (<= 0: "
+                                                  "the null page)", q.swa_pages[k], k, g.num_pages));
+      if (q.query_len > 0 && (q.num_computed + q.query_len - 1) / g.page_tokens >= g.block_table_width)
+        bad_request(j, "num_computed + query_len",
+                    fmt::format("{}: position {} lies on logical SWA page {}, expected a page below "
+                                "swa.block_table_width = {}", q.num_computed + q.query_len,
+                                q.num_computed + q.query_len - 1, (q.num_computed + q.query_len - 1) / g.page_tokens,
+                                g.block_table_width));
+    } else if (!q.swa_pages.empty()) {
+      bad_request(j, "swa_pages", fmt::format("{} entries, expected none: the configuration has no SWA cache",
+                                              q.swa_pages.size()));
+    }
     if (cfg.serves(2) && q.ring_block >= cfg.ring_blocks)
       bad_request(j, "ring_block", fmt::format("{}, expected < ring_blocks = {} (<= 0: the null block)", q.ring_block,
                                                cfg.ring_blocks));
@@ -88,6 +117,53 @@ void StepMetadata::Impl::check(const StepBatch& b) const {
   }
 }
 
+void StepMetadata::Impl::build_read_path(const StepBatch& b) {
+  const ExecContext& ctx = cfg.exec;
+  const int64_t W = cfg.swa.block_table_width;
+  swa_bt.upload(h_swa_bt.data(), static_cast<size_t>(R * W) * sizeof(int32_t), 0, ctx);
+  seq.upload(h_seq.data(), static_cast<size_t>(R) * sizeof(int64_t), 0, ctx);
+  max_seq = R > 0 ? *std::max_element(h_seq.begin(), h_seq.begin() + R) : 0;
+  const TensorView t2r = this->t2r.view(DType::I32, {N}), p = pos.view(DType::I64, {N}), slots = swa_slots.view(DType::I64, {N});
+  TokenSlotArgs ts;
+  ts.token_to_req = t2r;
+  ts.positions = p;
+  ts.block_table = swa_bt.view(DType::I32, {R, W});
+  ts.num_actual_tokens = A;
+  ts.page = cfg.swa.page_tokens;
+  ts.slots = slots;
+  ts.num_pages = cfg.swa.num_pages;
+  build_token_slots(ts, ctx);
+  if (cfg.device != Device::CPU) return;  // the host builders below have no CUDA backend yet
+  const auto* sl = slots.ptr<const int64_t>();
+  auto* v = valid.as<int32_t>();
+  for (int64_t t = 0; t < N; ++t) v[t] = sl[t] >= 0 ? 1 : 0;
+  const TensorView q = qsl.view(DType::I32, {R + 1});
+  SwaWindowArgs wa;
+  wa.qsl = q;
+  wa.num_speculative_tokens = cfg.num_speculative_tokens;
+  wa.positions = p;
+  wa.slot_swa = slots;
+  wa.block_table = ts.block_table;
+  wa.page = cfg.swa.page_tokens;
+  wa.num_pages = cfg.swa.num_pages;
+  wa.indices = window.view(DType::I32, {cfg.max_tokens, kSwaWindow});
+  wa.lengths = window_lens.view(DType::I32, {cfg.max_tokens});
+  split = build_swa_window(wa, ctx);
+  PrefillGatherArgs ga;
+  ga.qsl = q;
+  ga.num_speculative_tokens = cfg.num_speculative_tokens;
+  ga.seq_lens = seq.view(DType::I64, {R});
+  ga.gather_lens = gather_lens.view(DType::I64, {std::max<int64_t>(split.num_prefills, 0)});
+  ga.gather_starts = gather_starts.view(DType::I64, {std::max<int64_t>(split.num_prefills, 0)});
+  build_prefill_gather(ga, ctx);
+  s_q = 1;
+  for (int64_t j = 0; j < split.num_decodes; ++j) {
+    const int64_t n = b.requests[static_cast<size_t>(j)].query_len;
+    if (j == 0) s_q = static_cast<int>(std::max<int64_t>(n, 1));
+    else if (n != s_q) { s_q = 1; break; }
+  }
+}
+
 StepMetadata::StepMetadata(const ServingConfig& cfg) {
   validate(cfg);
   impl_ = std::make_unique<Impl>(cfg);
@@ -110,6 +186,21 @@ StepMetadata::StepMetadata(const ServingConfig& cfg) {
   if (cfg.serves(2)) {
     m.ring_bt = Buffer(d, Rq * sizeof(int32_t));
     m.ring_slots = Buffer(d, T * sizeof(int64_t));
+  }
+  if (cfg.serves_swa()) {
+    const size_t w = static_cast<size_t>(cfg.swa.block_table_width);
+    m.h_swa_bt.resize(Rq * w);
+    m.h_seq.resize(Rq);
+    m.swa_bt = Buffer(d, Rq * w * sizeof(int32_t));
+    m.swa_slots = Buffer(d, T * sizeof(int64_t));
+    m.valid = Buffer(d, T * sizeof(int32_t));
+    m.seq = Buffer(d, Rq * sizeof(int64_t));
+    if (d == Device::CPU) {
+      m.window = Buffer(d, T * kSwaWindow * sizeof(int32_t));
+      m.window_lens = Buffer(d, T * sizeof(int32_t));
+      m.gather_lens = Buffer(d, Rq * sizeof(int64_t));
+      m.gather_starts = Buffer(d, Rq * sizeof(int64_t));
+    }
   }
 }
 
@@ -141,6 +232,11 @@ void StepMetadata::build(const StepBatch& batch) {
       const std::vector<int32_t>& pages = q.pages(r);
       const auto row = m.h_bt[r - 1].begin() + j * m.width(r);
       std::fill(std::copy(pages.begin(), pages.end(), row), row + m.width(r), 0);
+    }
+    if (c.serves_swa()) {
+      const auto row = m.h_swa_bt.begin() + j * c.swa.block_table_width;
+      std::fill(std::copy(q.swa_pages.begin(), q.swa_pages.end(), row), row + c.swa.block_table_width, 0);
+      m.h_seq[static_cast<size_t>(j)] = q.num_computed + q.query_len;
     }
   }
   std::fill(m.h_pos.begin() + A, m.h_pos.begin() + N, 0);
@@ -175,6 +271,8 @@ void StepMetadata::build(const StepBatch& batch) {
     a.num_ring_blocks = c.ring_blocks;
     build_ring_slots(a, ctx);
   }
+  if (c.serves_swa()) m.build_read_path(batch);
+  ++m.generation;
   m.timeline.mark(1, ctx);
 }
 
@@ -211,5 +309,58 @@ TensorView StepMetadata::ring_block_table() const {
     detail::bad_arg("StepMetadata::ring_block_table", "c2a", "not served, expected a ratio-2 type");
   return impl_->ring_bt.view(DType::I32, {impl_->R, 1});
 }
+
+}  // namespace dsv41kv::pipeline
+
+namespace dsv41kv::pipeline {
+
+namespace {
+const StepMetadata::Impl& read_path(const std::unique_ptr<StepMetadata::Impl>& m, const char* op, bool host) {
+  if (!m->cfg.serves_swa())
+    detail::bad_arg(op, "cfg.swa", "num_pages 0: no SWA cache, expected a configuration with the read path's SWA cache");
+  if (host && m->cfg.device != Device::CPU)
+    detail::bad_arg(op, "cfg.device",
+                    fmt::format("{}: the read path's host metadata has no CUDA backend yet (expected cpu)",
+                                device_name(m->cfg.device)));
+  return *m;
+}
+}  // namespace
+
+TensorView StepMetadata::swa_block_table() const {
+  const Impl& m = read_path(impl_, "StepMetadata::swa_block_table", false);
+  return m.swa_bt.view(DType::I32, {m.R, m.cfg.swa.block_table_width});
+}
+TensorView StepMetadata::swa_slots() const {
+  const Impl& m = read_path(impl_, "StepMetadata::swa_slots", false);
+  return m.swa_slots.view(DType::I64, {m.N});
+}
+TensorView StepMetadata::token_valid() const {
+  const Impl& m = read_path(impl_, "StepMetadata::token_valid", true);
+  return m.valid.view(DType::I32, {m.N});
+}
+TensorView StepMetadata::seq_lens() const {
+  const Impl& m = read_path(impl_, "StepMetadata::seq_lens", false);
+  return m.seq.view(DType::I64, {m.R});
+}
+int64_t StepMetadata::max_seq_len() const { return read_path(impl_, "StepMetadata::max_seq_len", false).max_seq; }
+DecodeSplit StepMetadata::split() const { return read_path(impl_, "StepMetadata::split", true).split; }
+int StepMetadata::decode_s_q() const { return read_path(impl_, "StepMetadata::decode_s_q", true).s_q; }
+TensorView StepMetadata::swa_window() const {
+  const Impl& m = read_path(impl_, "StepMetadata::swa_window", true);
+  return m.window.view(DType::I32, {m.cfg.max_tokens, kSwaWindow});
+}
+TensorView StepMetadata::swa_window_lens() const {
+  const Impl& m = read_path(impl_, "StepMetadata::swa_window_lens", true);
+  return m.window_lens.view(DType::I32, {m.cfg.max_tokens});
+}
+TensorView StepMetadata::gather_lens() const {
+  const Impl& m = read_path(impl_, "StepMetadata::gather_lens", true);
+  return m.gather_lens.view(DType::I64, {m.split.num_prefills});
+}
+TensorView StepMetadata::gather_starts() const {
+  const Impl& m = read_path(impl_, "StepMetadata::gather_starts", true);
+  return m.gather_starts.view(DType::I64, {m.split.num_prefills});
+}
+uint64_t StepMetadata::generation() const { return impl_->generation; }
 
 }  // namespace dsv41kv::pipeline

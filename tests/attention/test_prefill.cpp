@@ -103,8 +103,8 @@ struct PrefillStep {
     return s;
   }
 
-  PrefillGatherArgs gather_args(const PrefillChunk& c, TensorView ws) {
-    PrefillGatherArgs a;
+  WorkspaceGatherArgs gather_args(const PrefillChunk& c, TensorView ws) {
+    WorkspaceGatherArgs a;
     a.ratio = ratio;
     a.chunk = c;
     a.seq_lens = view_of(seq);

@@ -174,36 +174,36 @@ TEST_F(Validation, PrefillGather) {
   auto cmp = std::make_unique<RandomCache>(RecordFormat::V4_584, 32, 4, 0, rng());
   std::vector<int32_t> seq = {70, 60}, G = {40, 60}, g0 = {30, 0};
   std::vector<int32_t> swa_bt = {1, 2, 3, 4, 5, 0}, cmp_bt = {1, 2, 3, 0};  // [2, 3], [2, 2]
-  const std::vector<BadCase<PrefillGatherArgs>> cases = {
-      {"ratio", [](PrefillGatherArgs& a) { a.ratio = 4; }, "gather_prefill_workspace: ratio: 4, expected 0, 1 or 2"},
-      {"chunk range", [](PrefillGatherArgs& a) { a.chunk.req_end = 3; }, "chunk: requests [0, 3), expected 0 <= req_begin <= req_end <= 2"},
-      {"chunk constants", [](PrefillGatherArgs& a) { a.chunk.m_ch = 10; }, "chunk: N_ch = 35, M_ch = 10, expected 0 <= N_ch <= M_ch"},
-      {"chunk beyond i32 rows", [](PrefillGatherArgs& a) { a.chunk.m_ch = int64_t{1} << 30; }, "chunk: 2 requests of M_ch = 1073741824 workspace rows, expected fewer than 2^31 rows"},
-      {"N_ch below N_b", [](PrefillGatherArgs& a) { a.chunk.n_ch = 34; }, "chunk: N_ch = 34, expected >= N_b = seq_lens[0] / 2 = 35"},
-      {"G beyond M_ch - N_ch", [&](PrefillGatherArgs&) { G[1] = 61; seq[1] = 61; }, "gather_lens: gather_lens[1] = 61, expected 0 .. M_ch - N_ch = 60"},
-      {"gather beyond seq_len", [&](PrefillGatherArgs&) { g0[0] = 31; }, "gather_starts: gather_starts[0] = 31 with gather_lens 40"},
-      {"gather start negative", [&](PrefillGatherArgs&) { g0[1] = -1; }, "gather_starts[1] = -1"},
-      {"seq_len zero", [&](PrefillGatherArgs&) { seq[1] = 0; G[1] = 0; }, "seq_lens: seq_lens[1] = 0, expected >= 1"},
-      {"swa page beyond the cache", [&](PrefillGatherArgs&) { swa_bt[4] = 6; }, "swa_block_table: swa_block_table[1][1] = 6 for the positions of request 1, expected a page id in [0, 6)"},
-      {"cmp page negative", [&](PrefillGatherArgs&) { cmp_bt[1] = -1; }, "cmp_block_table[0][1] = -1"},
-      {"table too narrow", [](PrefillGatherArgs& a) { a.swa_block_table.shape[1] = 2; a.swa_block_table.stride[0] = 3; }, "swa_block_table: request 0 needs column 2 for its positions 30 .. 69, expected < 2"},
-      {"table rows", [](PrefillGatherArgs& a) { a.cmp_block_table.shape[0] = 1; }, "cmp_block_table: 1 rows, expected at least R = 2"},
-      {"workspace rows", [](PrefillGatherArgs& a) { a.workspace.shape[0] = 189; }, "workspace: 189 rows, expected at least 190"},
-      {"workspace dtype", [](PrefillGatherArgs& a) { a.workspace.dtype = DType::F32; }, "workspace: dtype f32"},
-      {"lengths mismatch", [](PrefillGatherArgs& a) { a.gather_starts.shape[0] = 3; }, "gather_starts: 3 entries, expected R = 2"},
-      {"cmp table for ratio 0", [](PrefillGatherArgs& a) { a.ratio = 0; a.chunk.n_ch = 0; }, "cmp_block_table: present, expected absent for ratio 0"},
-      {"swa cache 288", [](PrefillGatherArgs& a) { a.swa_cache.format = RecordFormat::NVFP4_288; a.swa_cache.page_stride = 9216; }, "swa_cache: format nvfp4_288"},
-      {"cuda", [](PrefillGatherArgs& a) {
+  const std::vector<BadCase<WorkspaceGatherArgs>> cases = {
+      {"ratio", [](WorkspaceGatherArgs& a) { a.ratio = 4; }, "gather_prefill_workspace: ratio: 4, expected 0, 1 or 2"},
+      {"chunk range", [](WorkspaceGatherArgs& a) { a.chunk.req_end = 3; }, "chunk: requests [0, 3), expected 0 <= req_begin <= req_end <= 2"},
+      {"chunk constants", [](WorkspaceGatherArgs& a) { a.chunk.m_ch = 10; }, "chunk: N_ch = 35, M_ch = 10, expected 0 <= N_ch <= M_ch"},
+      {"chunk beyond i32 rows", [](WorkspaceGatherArgs& a) { a.chunk.m_ch = int64_t{1} << 30; }, "chunk: 2 requests of M_ch = 1073741824 workspace rows, expected fewer than 2^31 rows"},
+      {"N_ch below N_b", [](WorkspaceGatherArgs& a) { a.chunk.n_ch = 34; }, "chunk: N_ch = 34, expected >= N_b = seq_lens[0] / 2 = 35"},
+      {"G beyond M_ch - N_ch", [&](WorkspaceGatherArgs&) { G[1] = 61; seq[1] = 61; }, "gather_lens: gather_lens[1] = 61, expected 0 .. M_ch - N_ch = 60"},
+      {"gather beyond seq_len", [&](WorkspaceGatherArgs&) { g0[0] = 31; }, "gather_starts: gather_starts[0] = 31 with gather_lens 40"},
+      {"gather start negative", [&](WorkspaceGatherArgs&) { g0[1] = -1; }, "gather_starts[1] = -1"},
+      {"seq_len zero", [&](WorkspaceGatherArgs&) { seq[1] = 0; G[1] = 0; }, "seq_lens: seq_lens[1] = 0, expected >= 1"},
+      {"swa page beyond the cache", [&](WorkspaceGatherArgs&) { swa_bt[4] = 6; }, "swa_block_table: swa_block_table[1][1] = 6 for the positions of request 1, expected a page id in [0, 6)"},
+      {"cmp page negative", [&](WorkspaceGatherArgs&) { cmp_bt[1] = -1; }, "cmp_block_table[0][1] = -1"},
+      {"table too narrow", [](WorkspaceGatherArgs& a) { a.swa_block_table.shape[1] = 2; a.swa_block_table.stride[0] = 3; }, "swa_block_table: request 0 needs column 2 for its positions 30 .. 69, expected < 2"},
+      {"table rows", [](WorkspaceGatherArgs& a) { a.cmp_block_table.shape[0] = 1; }, "cmp_block_table: 1 rows, expected at least R = 2"},
+      {"workspace rows", [](WorkspaceGatherArgs& a) { a.workspace.shape[0] = 189; }, "workspace: 189 rows, expected at least 190"},
+      {"workspace dtype", [](WorkspaceGatherArgs& a) { a.workspace.dtype = DType::F32; }, "workspace: dtype f32"},
+      {"lengths mismatch", [](WorkspaceGatherArgs& a) { a.gather_starts.shape[0] = 3; }, "gather_starts: 3 entries, expected R = 2"},
+      {"cmp table for ratio 0", [](WorkspaceGatherArgs& a) { a.ratio = 0; a.chunk.n_ch = 0; }, "cmp_block_table: present, expected absent for ratio 0"},
+      {"swa cache 288", [](WorkspaceGatherArgs& a) { a.swa_cache.format = RecordFormat::NVFP4_288; a.swa_cache.page_stride = 9216; }, "swa_cache: format nvfp4_288"},
+      {"cuda", [](WorkspaceGatherArgs& a) {
          for (TensorView* v : {&a.seq_lens, &a.gather_lens, &a.gather_starts, &a.swa_block_table, &a.cmp_block_table, &a.workspace}) v->device = Device::CUDA;
          a.swa_cache.device = a.cmp_cache.device = Device::CUDA; }, "gather_prefill_workspace has no CUDA backend yet"},
   };
-  auto run = [&](const std::function<void(PrefillGatherArgs&)>& mutate, CanaryBuffer<uint16_t>& ws) {
+  auto run = [&](const std::function<void(WorkspaceGatherArgs&)>& mutate, CanaryBuffer<uint16_t>& ws) {
     seq = {70, 60};
     G = {40, 60};
     g0 = {30, 0};
     swa_bt = {1, 2, 3, 4, 5, 0};
     cmp_bt = {1, 2, 3, 0};
-    PrefillGatherArgs a;
+    WorkspaceGatherArgs a;
     a.ratio = 2;
     a.chunk = {0, 2, 35, 95};
     a.seq_lens = view_of(seq);
@@ -219,7 +219,7 @@ TEST_F(Validation, PrefillGather) {
   };
   {
     CanaryBuffer<uint16_t> ws(static_cast<size_t>(2 * 95 * kLatentDim), kBf16Sentinel);
-    ASSERT_NO_THROW(run([](PrefillGatherArgs&) {}, ws)) << "the base case is valid";
+    ASSERT_NO_THROW(run([](WorkspaceGatherArgs&) {}, ws)) << "the base case is valid";
   }
   for (const auto& bad : cases) {
     SCOPED_TRACE(bad.name);

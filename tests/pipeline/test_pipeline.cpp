@@ -185,7 +185,7 @@ TEST(PipelineValidation, BatchesAreCheckedBeforeAnythingIsBuilt) {
   const ServingConfig c = small_config();
   StepMetadata meta(c);
   StepBatch good;
-  good.requests = {{5, 3, 1, {}, {2, 4}}, {2, 0, 0, {}, {}}};
+  good.requests = {{5, 3, 1, {}, {2, 4}, {}}, {2, 0, 0, {}, {}, {}}};
   good.padding_rows = 1;
   meta.build(good);
   EXPECT_EQ(meta.num_rows(), 8);
@@ -236,7 +236,7 @@ TEST(PipelineValidation, LayersAndRuns) {
   EXPECT_ERROR(layer.cache(1), ErrorCode::kInvalidArgument, "1, expected < num_caches() = 1");
   StepMetadata meta(c);
   StepBatch b;
-  b.requests = {{4, 0, 1, {}, {1}}};
+  b.requests = {{4, 0, 1, {}, {1}, {}}};
   meta.build(b);
   Buffer hidden(Device::CPU, 8 * 64 * 2);
   hidden.fill(0);

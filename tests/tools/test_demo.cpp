@@ -33,7 +33,7 @@ std::string small_config(const TempDir& tmp) {
 
 TEST(Demo, JsonRunWritesWhatTheWorkloadSays) {
   TempDir tmp;
-  const auto r = run_cli("demo --json --threads 2 --seed 7", tmp);
+  const auto r = run_cli("demo --write-path --json --threads 2 --seed 7", tmp);
   ASSERT_EQ(r.code, 0) << r.err;
   const auto js = nlohmann::json::parse(r.out);
   const dsv41kv::pcp::Workload w = dsv41kv::pcp::demo_workload(7);
@@ -82,7 +82,7 @@ TEST(Demo, JsonRunWritesWhatTheWorkloadSays) {
 // of every step is bad, the run exits 1 and names the first bad record.
 TEST(Demo, AWrongExpectationFailsTheReadBackCheck) {
   TempDir tmp;
-  const auto r = run_cli("demo --json --ratio 2 --format v4_584 --mutation wrong-expectation --config '" +
+  const auto r = run_cli("demo --write-path --json --ratio 2 --format v4_584 --mutation wrong-expectation --config '" +
                              small_config(tmp) + "'", tmp);
   EXPECT_EQ(r.code, 1) << r.err;
   const auto js = nlohmann::json::parse(r.out);
@@ -104,7 +104,7 @@ TEST(Demo, SameSeedSameOutputDifferentSeedDifferentWorkload) {
     return js;
   };
   const std::string path = small_config(tmp);
-  const std::string flags = "demo --json --ratio 2 --format v4_584 --config '" + path + "'";
+  const std::string flags = "demo --write-path --json --ratio 2 --format v4_584 --config '" + path + "'";
   const auto a = run_cli(flags + " --seed 3", tmp);
   const auto b = run_cli(flags + " --seed 3", tmp);
   const auto c = run_cli(flags + " --seed 4", tmp);
@@ -116,20 +116,20 @@ TEST(Demo, SameSeedSameOutputDifferentSeedDifferentWorkload) {
 
 TEST(Demo, BadFlagsExitTwoWithTheArgumentNamed) {
   TempDir tmp;
-  auto r = run_cli("demo --ratio 3", tmp);
+  auto r = run_cli("demo --write-path --ratio 3", tmp);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("--ratio"), std::string::npos) << r.err;
-  r = run_cli("demo --format fp16", tmp);
+  r = run_cli("demo --write-path --format fp16", tmp);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("fp16"), std::string::npos) << r.err;
-  r = run_cli("demo --config '" + (tmp / "missing.json") + "'", tmp);
+  r = run_cli("demo --write-path --config '" + (tmp / "missing.json") + "'", tmp);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("missing.json"), std::string::npos) << r.err;
-  r = run_cli("demo --seed notanumber", tmp);
+  r = run_cli("demo --write-path --seed notanumber", tmp);
   EXPECT_EQ(r.code, 2);
   // not wrapped (-1) or saturated (2^64) into a seed
   for (const std::string seed : {"-1", "18446744073709551616"}) {
-    r = run_cli("demo --seed " + seed, tmp);
+    r = run_cli("demo --write-path --seed " + seed, tmp);
     EXPECT_EQ(r.code, 2) << seed;
     EXPECT_NE(r.err.find("--seed: '" + seed + "' is not an integer"), std::string::npos) << r.err;
   }

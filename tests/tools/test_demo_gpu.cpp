@@ -19,9 +19,9 @@ class DemoGpu : public GpuTest {};
 
 TEST_F(DemoGpu, DeviceCudaRunsAndReadsBackItsRecords) {
   TempDir tmp;
-  const CliRun g = run_cli("demo --device cuda --json --seed 11", tmp);
+  const CliRun g = run_cli("demo --write-path --device cuda --json --seed 11", tmp);
   ASSERT_EQ(g.code, 0) << g.out << g.err;
-  const CliRun c = run_cli("demo --json --seed 11", tmp);
+  const CliRun c = run_cli("demo --write-path --json --seed 11", tmp);
   ASSERT_EQ(c.code, 0) << c.out << c.err;
   const auto jg = nlohmann::json::parse(g.out), jc = nlohmann::json::parse(c.out);
   EXPECT_EQ(jg["device"], "cuda");
@@ -32,11 +32,11 @@ TEST_F(DemoGpu, DeviceCudaRunsAndReadsBackItsRecords) {
   }
   for (const auto& l : jg["layers"]) EXPECT_EQ(l["readback_bad_records"], 0) << l.dump();
   EXPECT_EQ(jg["layers"].size(), jc["layers"].size());
-  const CliRun t = run_cli("demo --device cuda", tmp);
+  const CliRun t = run_cli("demo --write-path --device cuda", tmp);
   EXPECT_EQ(t.code, 0) << t.err;
   EXPECT_NE(t.out.find("gpu ms"), std::string::npos) << t.out;
   EXPECT_NE(t.out.find("0 bad records"), std::string::npos) << t.out;
-  const CliRun m = run_cli("demo --device cuda --ratio 1 --format nvfp4_288 --mutation wrong-expectation", tmp);
+  const CliRun m = run_cli("demo --write-path --device cuda --ratio 1 --format nvfp4_288 --mutation wrong-expectation", tmp);
   EXPECT_EQ(m.code, 1) << m.out << m.err;
   EXPECT_NE(m.err.find("nvfp4_288: token "), std::string::npos) << m.err;
 }

@@ -15,7 +15,7 @@ TEST(RunDevice, CudaWithoutGpuExits2WithTheReason) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: test_gpu (RunCliGpu) covers --device cuda";
   TempDir tmp;
   for (const std::string args : {"run --device cuda --verify --steps 2", "run --pcp 2 --device cuda --launch local",
-                                 "demo --device cuda"}) {
+                                 "demo --write-path --device cuda"}) {
     const CliRun r = run_cli(args, tmp);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find("--device cuda"), std::string::npos) << args << ": " << r.err;

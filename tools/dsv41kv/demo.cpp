@@ -1,11 +1,13 @@
-// `dsv41kv demo`: the main job. A built-in multi-step serving workload (several requests,
-// chunked prefills starting at odd and even positions, decodes, a padded row, a null-block
-// request) through one ratio-2 and one ratio-1 kv-source compressor layer with seeded
-// weights, run by the library's serving step (pipeline.hpp) on the CPU or the GPU: hidden (bf16)
+// `dsv41kv demo`: the main job. By default the whole attention path of a V4.1 topology on the CPU
+// (oracles/model_demo: the write path, the indexer, sparse MLA with sink, the inverse RoPE) over
+// a built-in multi-step workload, printing per step and layer what was written and read;
+// `--verify` adds prefill vs token-by-token decode and the dense binary64 checks.
+// `--write-path`: the write path alone (one ratio-2 and one ratio-1 kv-source compressor layer
+// with seeded weights, run by pipeline.hpp's serving step on the CPU or the GPU: hidden (bf16)
 // -> projection -> kv_score (fp32) -> metadata -> compress -> insert into every requested record
-// format. Prints, per step, what was written (read back from the layers' buffers), then cache
-// bytes per token per format and the throughput on this machine. Every step also reads its
-// records back (gather) and holds them against the latents it just wrote.
+// format), printing per step what was written (read back from the layers' buffers), cache bytes
+// per token per format and the throughput on this machine; every step reads its records back
+// (gather) and holds them against the latents it just wrote.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 #include "dsv41kv/buffer.hpp"
 #include "dsv41kv/config.hpp"
 #include "dsv41kv/device.hpp"
+#include "dsv41kv/indexer.hpp"
+#include "dsv41kv/model_demo.hpp"
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/pcp_sim.hpp"
 #include "dsv41kv/pipeline.hpp"
@@ -36,6 +40,12 @@ using Clock = std::chrono::steady_clock;
 
 struct DemoOptions {
   bool json = false;
+  bool write_path = false;
+  bool verify = false;
+  int heads = 64;
+  std::string swa_format = "v4_584";
+  int64_t dense_stride = 16;
+  double workload_scale = 1.0;
   uint64_t seed = 7;
   std::string ratio = "both";   // 1, 2 or both
   std::string format = "all";   // one record format or all
@@ -69,7 +79,7 @@ struct Layer {
   double seconds_projection = 0, seconds_compress_insert = 0;
 };
 
-int run_demo(const DemoOptions& o) {
+int run_write_demo(const DemoOptions& o) {
   const bool on_gpu = o.device == "cuda";
   if (on_gpu && !cuda_device_available()) {
     std::fprintf(stderr, "dsv41kv: demo --device cuda: no usable GPU: %s (run without --device, or on a machine with "
@@ -256,15 +266,159 @@ int run_demo(const DemoOptions& o) {
   return failures == 0 ? 0 : 1;
 }
 
+const char* role_name(const LayerInfo& li) {
+  if (li.ratio == 0) return "swa only";
+  if (li.is_candidate_source) return "kv+index+cand src";
+  if (li.is_candidate_consumer) return "index src, cand use";
+  if (li.is_kv_source) return "kv+index source";
+  if (li.is_index_source) return "index source";
+  return "consumer";
+}
+
+int run_model_demo_cli(const DemoOptions& o) {
+  oracles::ModelDemoConfig c;
+  if (!o.config_path.empty()) c.model = load_model_config(o.config_path);
+  c.seed = o.seed;
+  c.workload = oracles::demo_read_workload(o.workload_scale);
+  c.threads = o.threads;
+  c.num_heads = o.heads;
+  c.swa_format = parse_record_format(o.swa_format.c_str());
+  c.compressed_format = o.format == "all" ? RecordFormat::V4_584 : parse_record_format(o.format.c_str());
+  pipeline::validate(oracles::demo_read_config(c));
+  const ModelConfig& m = c.model;
+  nlohmann::json js;
+  js["seed"] = o.seed;
+  js["layers"] = m.num_layers();
+  js["heads"] = c.num_heads;
+  js["swa_format"] = record_info(c.swa_format).name;
+  js["compressed_format"] = record_info(c.compressed_format).name;
+  js["steps"] = nlohmann::json::array();
+  if (!o.json) {
+    fmt::print("dsv41kv demo: the whole attention path of a V4.1 topology on the CPU, {} layers:\n{}\n{} heads, "
+               "SWA {}, compressed {}, index keys fp8_132, seeded weights and activations (seed {})\n",
+               m.num_layers(), describe_topology(m), c.num_heads, record_info(c.swa_format).name,
+               record_info(c.compressed_format).name, o.seed);
+    fmt::print("{} requests over {} steps (request 3 has null blocks), num_speculative_tokens {}\n",
+               c.workload.requests.size(), c.workload.steps.size(), c.workload.num_speculative_tokens);
+  }
+  const oracles::ModelDemoReport rep = oracles::run_model_demo(c, [&](const oracles::DemoStepReport& s) {
+    nlohmann::json jl = nlohmann::json::array();
+    if (!o.json)
+      fmt::print("\nstep {}: {} requests, {} tokens ({} decode + {} prefill) + {} padding rows, longest sequence {}\n"
+                 "  {:>5} {:<7} {:<19} {:>5} {:>5} {:>5} {:>9} {:>11} {:>10} {:>16} {:>8}\n",
+                 s.step, s.requests, s.tokens, s.decode_tokens, s.prefill_tokens, s.padding_rows, s.max_seq_len,
+                 "layer", "type", "role", "swa", "cmp", "idx-k", "top-k", "cand blocks", "keys/token", "output checksum",
+                 "ms");
+    for (size_t L = 0; L < s.layers.size(); ++L) {
+      const pipeline::LayerStepStats& x = s.layers[L];
+      const LayerInfo& li = m.layer(static_cast<int>(L));
+      const int64_t valid = x.swa_records;
+      const std::string topk =
+          li.ratio == 0 ? "-"
+                        : fmt::format("{}{:.0f}/{}", x.shortcut ? "s " : "",
+                                      valid ? static_cast<double>(x.topk_entries) / static_cast<double>(valid) : 0.0,
+                                      x.topk_max);
+      std::string cand = "-";
+      if ((li.is_candidate_source || li.is_candidate_consumer) && x.candidate_blocks > 0)
+        cand = li.is_candidate_consumer ? fmt::format("{} m{}", x.candidate_blocks, x.candidate_masked)
+                                        : fmt::format("{}", x.candidate_blocks);
+      const double keys = valid ? static_cast<double>(x.swa_keys + x.topk_entries) / static_cast<double>(valid) : 0.0;
+      if (!o.json)
+        fmt::print("  {:>5} {:<7} {:<19} {:>5} {:>5} {:>5} {:>9} {:>11} {:>10.1f} {:>16x} {:>8.2f}\n", L,
+                   layer_type_name(li.type), role_name(li), x.swa_records,
+                   li.is_kv_source ? fmt::format("{}", x.compressed_records) : "-",
+                   li.is_kv_source ? fmt::format("{}", x.index_keys) : "-", topk, cand, keys, x.checksum, x.ms);
+      jl.push_back({{"layer", L}, {"type", layer_type_name(li.type)}, {"swa_records", x.swa_records},
+                    {"compressed_records", x.compressed_records}, {"index_keys", x.index_keys},
+                    {"shortcut", x.shortcut}, {"topk_entries", x.topk_entries}, {"topk_max", x.topk_max},
+                    {"candidate_blocks", x.candidate_blocks}, {"candidate_masked", x.candidate_masked},
+                    {"swa_keys", x.swa_keys}, {"prefill_chunks", x.prefill_chunks},
+                    {"checksum", fmt::format("{:016x}", x.checksum)}, {"ms", x.ms}});
+    }
+    js["steps"].push_back({{"step", s.step}, {"requests", s.requests}, {"tokens", s.tokens},
+                           {"decode_tokens", s.decode_tokens}, {"prefill_tokens", s.prefill_tokens},
+                           {"padding_rows", s.padding_rows}, {"layers", jl}, {"ms", s.ms}});
+  });
+  // cache bytes per token (SPEC 3.7): the compressed and index-K records of every kv source
+  const RecordInfo& sw = record_info(c.swa_format);
+  const RecordInfo& cm = record_info(c.compressed_format);
+  double per_token = 0;
+  int64_t kv_sources = 0;
+  for (const LayerInfo& li : m.layers)
+    if (li.is_kv_source) {
+      ++kv_sources;
+      per_token += static_cast<double>(cm.record_bytes + index_k_record_bytes(IndexKFormat::FP8_132)) / li.ratio;
+    }
+  const double swa_kib = static_cast<double>(sw.record_bytes) * kSwaWindow * m.num_layers() / 1024.0;
+  if (!o.json)
+    fmt::print("\ncache bytes per token: {:.0f} B of compressed records and index keys over the {} kv sources (SPEC "
+               "3.7); SWA: {} B records, at most {} live tokens per layer ({:.0f} KiB per request over {} layers)\n"
+               "time per layer type ({} tokens):",
+               per_token, kv_sources, sw.record_bytes, kSwaWindow, swa_kib, m.num_layers(), rep.tokens);
+  nlohmann::json jt = nlohmann::json::object();
+  for (int t = 0; t < 3; ++t) {
+    if (rep.layers_per_type[t] == 0) continue;
+    const double us = 1000.0 * rep.ms_per_type[t] / static_cast<double>(std::max<int64_t>(rep.tokens, 1)) /
+                      rep.layers_per_type[t];
+    if (!o.json)
+      fmt::print("  {} {:.1f} us/token/layer ({} layers)", layer_type_name(static_cast<LayerType>(t)), us,
+                 rep.layers_per_type[t]);
+    jt[layer_type_name(static_cast<LayerType>(t))] = {
+        {"layers", rep.layers_per_type[t]}, {"ms", rep.ms_per_type[t]}, {"us_per_token_per_layer", us}};
+  }
+  if (!o.json) fmt::print("\noutput checksum of the workload: {:016x}\n", rep.checksum);
+  js["tokens"] = rep.tokens;
+  js["checksum"] = fmt::format("{:016x}", rep.checksum);
+  js["bytes_per_token"] = per_token;
+  js["time_per_type"] = jt;
+  int64_t failed = 0;
+  if (o.verify) {
+    if (!o.json) fmt::print("\nverify:\n");
+    nlohmann::json jv = nlohmann::json::array();
+    const oracles::VerifyReport v = oracles::verify_model_demo(c, o.dense_stride, [&](const oracles::VerifyLine& l) {
+      if (!o.json) {
+        fmt::print("  {:<62} {}  {}\n", l.what, l.pass ? "PASS" : "FAIL", l.detail);
+        std::fflush(stdout);
+      }
+      jv.push_back({{"what", l.what}, {"pass", l.pass}, {"detail", l.detail}});
+    });
+    failed = v.failed();
+    if (!o.json) fmt::print("{} passed, {} failed\n", static_cast<int64_t>(v.lines.size()) - failed, failed);
+    js["verify"] = jv;
+  }
+  if (o.json) fmt::print("{}\n", js.dump(2));
+  return failed == 0 ? 0 : 1;
+}
+
+int run_demo(const DemoOptions& o) {
+  if (o.write_path) return run_write_demo(o);
+  if (o.ratio != "both") invalid_argument("--ratio: an option of the write-path demo, expected --write-path with it");
+  if (o.device != "cpu") invalid_argument("--device: the read path runs on the CPU only, expected --write-path with it");
+  if (o.mutation != "none") invalid_argument("--mutation: an option of the write-path demo, expected --write-path");
+  return run_model_demo_cli(o);
+}
+
 }  // namespace
 
 void add_demo(CLI::App& app, int& exit_code) {
   static DemoOptions o;
-  auto* cmd = app.add_subcommand("demo", "built-in multi-step workload through a ratio-2 and a ratio-1 compressor layer");
+  auto* cmd = app.add_subcommand("demo", "built-in multi-step workload through a whole V4.1 attention topology "
+                                         "(write and read path; --write-path: the write path alone)");
   cmd->add_flag("--json", o.json, "machine-readable output");
+  cmd->add_flag("--write-path", o.write_path, "the write path alone: a ratio-2 and a ratio-1 compressor layer, every "
+                                              "record format, on the CPU or the GPU");
+  cmd->add_flag("--verify", o.verify, "also attend every sequence as one prefill and token by token through decode "
+                                      "(SPEC 9.7), and check against dense binary64 attention for every record format");
+  cmd->add_option("--heads", o.heads, "query heads (8, 16, 32, 64, 128)")->check(CLI::IsMember({8, 16, 32, 64, 128}));
+  cmd->add_option("--swa-format", o.swa_format, "SWA cache record: v4_584, mxfp8_528, bf16, fp8");
+  cmd->add_option("--dense-stride", o.dense_stride, "--verify: check every n-th token against binary64")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--workload-scale", o.workload_scale, "shorten every prompt of the built-in workload by this factor")
+      ->check(finite_range(0.001, 1.0));
   cmd->add_option("--seed", o.seed, "seed of the workload, hidden states and weights")->check(unsigned64());
   cmd->add_option("--ratio", o.ratio, "1, 2 or both")->check(CLI::IsMember({"1", "2", "both"}));
-  cmd->add_option("--format", o.format, "v4_584, mxfp8_528, nvfp4_288, bf16, fp8 or all");
+  cmd->add_option("--format", o.format, "compressed records: v4_584, mxfp8_528, nvfp4_288, bf16, fp8 (all: "
+                                        "--write-path only; the read path then uses v4_584)");
   cmd->add_option("--config", o.config_path, "Hugging Face config.json (default: DeepSeek-V4.1-Flash)");
   cmd->add_option("--threads", o.threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096));
   cmd->add_option("--device", o.device, "cpu | cuda: where the pipeline runs (cuda: cuBLAS projection, CUDA kernels, "

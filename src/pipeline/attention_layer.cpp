@@ -1,0 +1,714 @@
+// AttentionLayer and LayerShared (attention_layer.hpp): one layer's step of SPEC 9.8 through the
+// public ops, on the layer's buffers.
+#include "dsv41kv/attention_layer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/validate.hpp"
+#include "dsv41kv/cache.hpp"
+#include "dsv41kv/compressor.hpp"
+#include "dsv41kv/metadata.hpp"
+#include "dsv41kv/rng.hpp"
+#include "formats/window.hpp"
+
+namespace dsv41kv::pipeline {
+
+namespace {
+
+constexpr const char* kCtor = "AttentionLayer";
+constexpr const char* kRun = "AttentionLayer::run";
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// A 3-D view [rows >= min_rows, d1, d2] of dtype dt with inner stride 1.
+void need_3d(const char* op, const TensorView& v, const char* arg, DType dt, int64_t d1, int64_t d2,
+             int64_t min_rows, const char* what) {
+  detail::need_present(op, v, arg, what);
+  detail::need_dtype(op, v, arg, dt);
+  if (v.ndim != 3 || v.shape[1] != d1 || v.shape[2] != d2 || v.shape[0] < min_rows || v.stride[2] != 1 ||
+      v.stride[1] < d2 || v.stride[0] < d1 * v.stride[1])
+    detail::bad_arg(op, arg,
+                    fmt::format("{}-d view of shape [{}, {}, {}] and strides [{}, {}, {}], expected {} (N = {})", v.ndim,
+                                v.shape[0], v.ndim > 1 ? v.shape[1] : 0, v.ndim > 2 ? v.shape[2] : 0, v.stride[0],
+                                v.ndim > 1 ? v.stride[1] : 0, v.ndim > 2 ? v.stride[2] : 0, what, min_rows));
+  detail::need_data(op, v, arg);
+  detail::need_on(op, v, arg, Device::CPU);
+}
+
+void need_absent(const char* op, const TensorView& v, const char* arg, const char* why) {
+  if (v.present()) detail::bad_arg(op, arg, fmt::format("present, expected absent: {}", why));
+}
+
+// The rows [r0, r0 + n) of a 2-D or 3-D view.
+TensorView rows_of(const TensorView& v, int64_t r0, int64_t n) {
+  TensorView s = v;
+  s.data = static_cast<uint8_t*>(v.data) + r0 * v.stride[0] * static_cast<int64_t>(dtype_size(v.dtype));
+  s.shape[0] = n;
+  return s;
+}
+
+uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+bool is_plain_format(RecordFormat f) { return f == RecordFormat::PLAIN_BF16 || f == RecordFormat::PLAIN_FP8; }
+
+}  // namespace
+
+// ---------------------------------------------------------------- configuration and weights
+
+void validate(const ReadPathConfig& c) {
+  const char* op = "ReadPathConfig";
+  if (std::find(std::begin(kAttentionHeadCounts), std::end(kAttentionHeadCounts), c.num_heads) ==
+      std::end(kAttentionHeadCounts))
+    detail::bad_arg(op, "num_heads", fmt::format("{}, expected 8, 16, 32, 64 or 128", c.num_heads));
+  if (c.padded_heads != 0 && !((c.padded_heads == 64 || c.padded_heads == 128) && c.padded_heads > c.num_heads) &&
+      c.padded_heads != c.num_heads)
+    detail::bad_arg(op, "padded_heads",
+                    fmt::format("{}, expected 0 (no padding), num_heads = {}, or 64 / 128 above it", c.padded_heads,
+                                c.num_heads));
+  if (!(std::isfinite(c.softmax_scale) && c.softmax_scale >= 0.0f))
+    detail::bad_arg(op, "softmax_scale", fmt::format("{}, expected finite and > 0 (0: 512^-0.5)", c.softmax_scale));
+  if (!(std::isfinite(c.eps) && c.eps >= 0.0f)) detail::bad_arg(op, "eps", fmt::format("{}, expected finite and >= 0", c.eps));
+  if (c.max_model_len < 1) detail::bad_arg(op, "max_model_len", fmt::format("{}, expected >= 1", c.max_model_len));
+  if (c.swa_format == RecordFormat::NVFP4_288)
+    detail::bad_arg(op, "swa_format", "nvfp4_288, expected v4_584, mxfp8_528, plain bf16 or plain fp8 (SPEC 3.4)");
+  if (c.index_k_format != IndexKFormat::FP8_132)
+    detail::bad_arg(op, "index_k_format",
+                    fmt::format("{}, expected fp8_132: the scores read FP8 keys (SPEC 8.3)", index_k_format_name(c.index_k_format)));
+}
+
+LayerWeights LayerWeights::from_seed(const LayerInfo& layer, int num_heads, uint64_t seed) {
+  Rng rng(seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(layer.index + 1)));
+  LayerWeights w;
+  w.attn_sink.resize(static_cast<size_t>(num_heads));
+  for (float& s : w.attn_sink) s = static_cast<float>(rng.normal());
+  if (layer.is_kv_source) {
+    auto bf = [&](double x) { return num::bf16_encode(static_cast<float>(x)); };
+    w.compressor_norm.resize(kLatentDim);
+    for (auto& v : w.compressor_norm) v = bf(1.0 + 0.1 * rng.normal());
+    w.wk.resize(static_cast<size_t>(kIndexHeadDim) * kLatentDim);
+    const double sd = 1.0 / std::sqrt(static_cast<double>(kLatentDim));
+    for (auto& v : w.wk) v = bf(sd * rng.normal());
+    w.k_norm.resize(kIndexHeadDim);
+    for (auto& v : w.k_norm) v = bf(1.0 + 0.1 * rng.normal());
+  }
+  return w;
+}
+
+LayerWeights LayerWeights::from_safetensors(const st::SafetensorsFile& f, const LayerInfo& layer, int num_heads) {
+  const std::string p = fmt::format("layers.{}.attn.", layer.index);
+  LayerWeights w;
+  f.expect(p + "attn_sink", st::StDType::F32, {num_heads});
+  w.attn_sink = f.copy_as<float>(p + "attn_sink");
+  if (layer.is_kv_source) {
+    f.expect(p + "compressor.norm.weight", st::StDType::BF16, {kLatentDim});
+    w.compressor_norm = f.copy_as<uint16_t>(p + "compressor.norm.weight");
+    f.expect(p + "indexer.wk.weight", st::StDType::BF16, {kIndexHeadDim, kLatentDim});
+    w.wk = f.copy_as<uint16_t>(p + "indexer.wk.weight");
+    f.expect(p + "indexer.k_norm.weight", st::StDType::BF16, {kIndexHeadDim});
+    w.k_norm = f.copy_as<uint16_t>(p + "indexer.k_norm.weight");
+  }
+  return w;
+}
+
+// ---------------------------------------------------------------- shared buffers
+
+struct LayerShared::Impl {
+  int64_t max_tokens = 0;
+  std::vector<const AttentionLayer*> layers;
+  Buffer topk, candidates, workspace;
+  int64_t workspace_rows = 0;
+  int topk_writer = -1, candidates_writer = -1;
+  uint64_t topk_gen = 0, candidates_gen = 0;
+  // one decode schedule per layer type and step (SPEC 6.7)
+  DecodeSchedule schedule[3];
+  uint64_t schedule_gen[3] = {0, 0, 0};
+};
+
+LayerShared::LayerShared(const ServingConfig& cfg, const ReadPathConfig& read, const ModelConfig& model) {
+  validate(cfg);
+  validate(read);
+  impl_ = std::make_unique<Impl>();
+  Impl& m = *impl_;
+  m.max_tokens = cfg.max_tokens;
+  m.layers.assign(static_cast<size_t>(model.num_layers()), nullptr);
+  const auto T = static_cast<size_t>(cfg.max_tokens);
+  m.topk = Buffer(Device::CPU, T * kIndexTopk * sizeof(int32_t));
+  m.topk.fill(0xFF);
+  m.candidates = Buffer(Device::CPU, T * kCandidateTopkBlocks * sizeof(int32_t));
+  m.candidates.fill(0xFF);
+  for (int r = 0; r <= 2; ++r)
+    if (r == 0 || model.has_ratio(r))
+      m.workspace_rows = std::max(m.workspace_rows, prefill_workspace_rows(r, read.max_model_len, cfg.max_tokens));
+  m.workspace = Buffer(Device::CPU, static_cast<size_t>(m.workspace_rows) * kLatentDim * sizeof(uint16_t));
+}
+
+LayerShared::~LayerShared() = default;
+
+const AttentionLayer* LayerShared::layer(int index) const {
+  if (index < 0 || index >= static_cast<int>(impl_->layers.size())) return nullptr;
+  return impl_->layers[static_cast<size_t>(index)];
+}
+TensorView LayerShared::topk() const { return impl_->topk.view(DType::I32, {impl_->max_tokens, kIndexTopk}); }
+TensorView LayerShared::candidates() const {
+  return impl_->candidates.view(DType::I32, {impl_->max_tokens, kCandidateTopkBlocks});
+}
+int LayerShared::topk_writer() const { return impl_->topk_writer; }
+int LayerShared::candidates_writer() const { return impl_->candidates_writer; }
+
+// ---------------------------------------------------------------- the layer
+
+struct AttentionLayer::Impl {
+  ServingConfig cfg;
+  ReadPathConfig read;
+  LayerInfo info;
+  LayerShared* shared = nullptr;
+  int H = 0, Hp = 0, r = 0;
+  float scale = 0;
+  int64_t table_rows = 0, cap = 0, S = 0;  // S: the kv source's states per page
+  std::vector<float> sink, sink_pad;
+  Buffer rope, swa_buf, cmp_buf, idx_buf, ring, latent, norm, wk, knorm;
+  CacheView swa, cmp;
+  IndexKCacheView idx;
+  Buffer q8, w, q_rot, attn, lse, out;
+  Buffer dec_idx, dec_len, pf_idx, pf_len;
+  std::vector<int32_t> h_seq, h_glen, h_gstart, h_t2r;
+  LayerStepStats stats;
+  uint64_t generation = 0;
+
+  const AttentionLayer* kv_source() const { return shared->layer(info.kv_src); }
+  const Impl& kv_impl() const;
+  void check(const StepMetadata& meta, const LayerInputs& in) const;
+  void write_caches(const StepMetadata& meta, const LayerInputs& in);
+  void index(const StepMetadata& meta, const LayerInputs& in);
+  void attend(const StepMetadata& meta);
+  void count(const StepMetadata& meta);
+};
+
+AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& read, const ModelConfig& model,
+                               int layer, const LayerWeights& weights, const RopeTable& table, LayerShared& shared) {
+  validate(cfg);
+  validate(read);
+  if (cfg.device != Device::CPU)
+    detail::bad_arg(kCtor, "cfg.device",
+                    fmt::format("{}: the read path has no CUDA backend yet (expected cpu)", device_name(cfg.device)));
+  if (!cfg.serves_swa()) detail::bad_arg(kCtor, "cfg.swa", "num_pages 0, expected the SWA cache of every layer");
+  if (layer < 0 || layer >= model.num_layers())
+    detail::bad_arg(kCtor, "layer", fmt::format("{}, expected 0 .. {}", layer, model.num_layers() - 1));
+  const LayerInfo& li = model.layer(layer);
+  if (li.ratio > 0 && !cfg.serves(li.ratio))
+    detail::bad_arg(kCtor, "cfg", fmt::format("c{}a not served (num_pages 0), expected the type of layer {} (ratio {})",
+                                              li.ratio, layer, li.ratio));
+  if (shared.layer(layer) != nullptr)
+    detail::bad_arg(kCtor, "shared", fmt::format("already holds a layer {}, expected one object per layer", layer));
+  if (static_cast<int64_t>(shared.impl().layers.size()) != model.num_layers() || shared.impl().max_tokens != cfg.max_tokens)
+    detail::bad_arg(kCtor, "shared", "built for another model or max_tokens, expected this layer's");
+  const int H = read.num_heads;
+  if (weights.attn_sink.size() != static_cast<size_t>(H))
+    detail::bad_arg(kCtor, "weights.attn_sink", fmt::format("{} entries, expected H = {}", weights.attn_sink.size(), H));
+  for (size_t h = 0; h < weights.attn_sink.size(); ++h)
+    if (std::isnan(weights.attn_sink[h]))
+      detail::bad_arg(kCtor, "weights.attn_sink", fmt::format("NaN at head {}, expected a number or +-inf", h));
+  if (li.is_kv_source) {
+    auto need = [&](const std::vector<uint16_t>& v, size_t n, const char* name) {
+      if (v.size() != n) detail::bad_arg(kCtor, name, fmt::format("{} entries, expected {}", v.size(), n));
+    };
+    need(weights.compressor_norm, kLatentDim, "weights.compressor_norm");
+    need(weights.wk, static_cast<size_t>(kIndexHeadDim) * kLatentDim, "weights.wk");
+    need(weights.k_norm, kIndexHeadDim, "weights.k_norm");
+  }
+  if (table.rows < 1 || table.data.size() != static_cast<size_t>(table.rows) * kRopeTableWidth)
+    detail::bad_arg(kCtor, "table", fmt::format("{} rows of {} floats, expected rows >= 1 of {} floats", table.rows,
+                                                table.data.size(), kRopeTableWidth));
+
+  impl_ = std::make_unique<Impl>();
+  Impl& m = *impl_;
+  m.cfg = cfg;
+  m.read = read;
+  m.info = li;
+  m.shared = &shared;
+  m.H = H;
+  m.Hp = read.heads_padded();
+  m.r = li.ratio;
+  m.scale = read.softmax_scale > 0 ? read.softmax_scale : kSoftmaxScale;
+  m.table_rows = table.rows;
+  m.sink = weights.attn_sink;
+  m.sink_pad.assign(static_cast<size_t>(m.Hp), -kInf);
+  std::copy(m.sink.begin(), m.sink.end(), m.sink_pad.begin());
+  const auto T = static_cast<size_t>(cfg.max_tokens);
+  m.rope = Buffer(Device::CPU, table.data.size() * sizeof(float));
+  m.rope.upload(table.data);
+  m.swa = CacheView::with_default_strides(nullptr, read.swa_format, cfg.swa.num_pages, cfg.swa.page_tokens);
+  m.swa.fp8_scale = cfg.fp8_scale;
+  m.swa_buf = Buffer(Device::CPU, static_cast<size_t>(m.swa.backing_bytes()));
+  m.swa_buf.fill(0);
+  m.swa.base = m.swa_buf.data();
+  if (m.r > 0) m.S = cfg.states_per_page(m.r);
+  if (li.is_kv_source) {
+    const int64_t pages = cfg.compressed(m.r).num_pages;
+    m.cmp = CacheView::with_default_strides(nullptr, read.compressed_format, pages, m.S);
+    m.cmp.fp8_scale = cfg.fp8_scale;
+    m.cmp_buf = Buffer(Device::CPU, static_cast<size_t>(m.cmp.backing_bytes()));
+    m.cmp_buf.fill(0);
+    m.cmp.base = m.cmp_buf.data();
+    m.idx = IndexKCacheView::with_default_strides(nullptr, read.index_k_format, pages, m.S);
+    m.idx_buf = Buffer(Device::CPU, static_cast<size_t>(m.idx.backing_bytes()));
+    m.idx_buf.fill(0);
+    m.idx.base = m.idx_buf.data();
+    m.latent = Buffer(Device::CPU, T * kLatentDim * sizeof(uint16_t));
+    m.norm = Buffer(Device::CPU, kLatentDim * sizeof(uint16_t));
+    m.norm.upload(weights.compressor_norm);
+    m.wk = Buffer(Device::CPU, weights.wk.size() * sizeof(uint16_t));
+    m.wk.upload(weights.wk);
+    m.knorm = Buffer(Device::CPU, kIndexHeadDim * sizeof(uint16_t));
+    m.knorm.upload(weights.k_norm);
+    if (m.r == 2) {
+      m.cap = cfg.ring_capacity();
+      m.ring = Buffer(Device::CPU, static_cast<size_t>(cfg.ring_blocks * m.cap * kRingRowFloats) * sizeof(float));
+      m.ring.fill(0);
+    }
+  }
+  if (li.is_index_source) {
+    m.q8 = Buffer(Device::CPU, T * kIndexHeads * kIndexHeadDim);
+    m.w = Buffer(Device::CPU, T * kIndexHeads * sizeof(float));
+  }
+  const size_t rowq = static_cast<size_t>(m.Hp) * kLatentDim * sizeof(uint16_t);
+  m.q_rot = Buffer(Device::CPU, T * rowq);
+  m.attn = Buffer(Device::CPU, T * rowq);
+  m.lse = Buffer(Device::CPU, T * static_cast<size_t>(m.Hp) * sizeof(float));
+  m.out = Buffer(Device::CPU, T * static_cast<size_t>(H) * kLatentDim * sizeof(uint16_t));
+  if (m.r > 0) {
+    m.dec_idx = Buffer(Device::CPU, T * kIndexTopk * sizeof(int32_t));
+    m.dec_len = Buffer(Device::CPU, T * sizeof(int32_t));
+  }
+  m.pf_idx = Buffer(Device::CPU, T * kPrefillIndexWidth * sizeof(int32_t));
+  m.pf_len = Buffer(Device::CPU, T * sizeof(int32_t));
+  const auto Rq = static_cast<size_t>(cfg.max_requests);
+  m.h_seq.resize(Rq);
+  m.h_glen.resize(Rq);
+  m.h_gstart.resize(Rq);
+  m.h_t2r.resize(T);
+  shared.impl().layers[static_cast<size_t>(layer)] = this;
+}
+
+AttentionLayer::~AttentionLayer() {
+  if (impl_ && impl_->shared) impl_->shared->impl().layers[static_cast<size_t>(impl_->info.index)] = nullptr;
+}
+
+const AttentionLayer::Impl& AttentionLayer::Impl::kv_impl() const { return *kv_source()->impl_; }
+
+void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in) const {
+  const ServingConfig& o = meta.config();
+  const bool same = o.device == cfg.device && o.max_tokens == cfg.max_tokens && o.max_requests == cfg.max_requests &&
+                    o.num_speculative_tokens == cfg.num_speculative_tokens && o.serves_swa() &&
+                    o.swa.num_pages == cfg.swa.num_pages && o.swa.page_tokens == cfg.swa.page_tokens &&
+                    o.swa.block_table_width == cfg.swa.block_table_width &&
+                    (r == 0 || (o.serves(r) && o.states_per_page(r) == S &&
+                                o.compressed(r).num_pages == cfg.compressed(r).num_pages &&
+                                (r == 1 || (o.ring_capacity() == cfg.ring_capacity() && o.ring_blocks == cfg.ring_blocks))));
+  if (!same)
+    detail::bad_arg(kRun, "meta", fmt::format("built for another configuration than layer {}'s (device, max_tokens, "
+                                              "max_requests, speculative tokens, SWA or c{}a geometry, ring), expected "
+                                              "the layer's", info.index, r));
+  if (meta.max_position() >= table_rows)
+    detail::bad_arg(kRun, "meta", fmt::format("position {} has no row in layer {}'s RoPE table of {} rows",
+                                              meta.max_position(), info.index, table_rows));
+  const int64_t N = meta.num_rows();
+  need_3d(kRun, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1");
+  detail::need_rows(kRun, in.kv, "in.kv", DType::BF16, kLatentDim, N, "bf16 [>= N, 512]");
+  detail::need_contiguous(kRun, in.kv, "in.kv");
+  detail::need_on(kRun, in.kv, "in.kv", Device::CPU);
+  if (info.is_kv_source) {
+    detail::need_rows(kRun, in.kv_score, "in.kv_score", DType::F32, int64_t{512} * r, N, "f32 [>= N, 512 r]");
+    detail::need_row_stride16(kRun, in.kv_score, "in.kv_score");
+    detail::need_on(kRun, in.kv_score, "in.kv_score", Device::CPU);
+  } else {
+    need_absent(kRun, in.kv_score, "in.kv_score", "the layer is not a kv source");
+  }
+  if (info.is_index_source) {
+    need_3d(kRun, in.index_q, "in.index_q", DType::BF16, kIndexHeads, kIndexHeadDim, N, "bf16 [>= N, 32, 128]");
+    detail::need_contiguous(kRun, in.index_q, "in.index_q");
+    detail::need_rows(kRun, in.w_raw, "in.w_raw", DType::BF16, kIndexHeads, N, "bf16 [>= N, 32]");
+    detail::need_contiguous(kRun, in.w_raw, "in.w_raw");
+    detail::need_on(kRun, in.w_raw, "in.w_raw", Device::CPU);
+  } else {
+    need_absent(kRun, in.index_q, "in.index_q", "the layer is not an index source");
+    need_absent(kRun, in.w_raw, "in.w_raw", "the layer is not an index source");
+  }
+  if (r == 0) return;
+  // SPEC 1.3: the caches of the kv source and the top-k of the index source must be this step's.
+  const AttentionLayer* src = kv_source();
+  if (!info.is_kv_source && (src == nullptr || src->last_generation() != meta.generation()))
+    detail::bad_arg(kRun, "meta",
+                    fmt::format("layer {} reads the caches of its kv source {}, which {} on this step; expected the "
+                                "source to run first", info.index, info.kv_src,
+                                src == nullptr ? "does not exist in the model's layers" : "has not run"));
+  const LayerShared::Impl& sh = shared->impl();
+  if (!info.is_index_source && (sh.topk_writer != info.idx_src || sh.topk_gen != meta.generation()))
+    detail::bad_arg(kRun, "meta",
+                    fmt::format("layer {} reads the top-k of its index source {}, but the shared top-k buffer holds {} "
+                                "; expected the source to run first on this step", info.index, info.idx_src,
+                                sh.topk_writer < 0 ? std::string("nothing yet")
+                                                   : fmt::format("layer {}'s of {} step", sh.topk_writer,
+                                                                 sh.topk_gen == meta.generation() ? "this" : "another")));
+  if (info.is_candidate_consumer &&
+      !indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph)) {
+    // the candidate source is layer kv_src for a consumer (SPEC 8.7: it scores that cache)
+    if (sh.candidates_gen != meta.generation() || sh.candidates_writer != info.kv_src)
+      detail::bad_arg(kRun, "meta",
+                      fmt::format("layer {} is a candidate consumer, but the candidates buffer holds {}; expected the "
+                                  "candidate source to run first on this step", info.index,
+                                  sh.candidates_writer < 0 ? std::string("nothing yet")
+                                                           : fmt::format("layer {}'s of another step", sh.candidates_writer)));
+  }
+}
+
+void AttentionLayer::run(const StepMetadata& meta, const LayerInputs& in) {
+  Impl& m = *impl_;
+  m.check(meta, in);
+  const auto t0 = std::chrono::steady_clock::now();
+  m.stats = {};
+  m.write_caches(meta, in);
+  m.generation = meta.generation();
+  if (m.info.is_index_source) m.index(meta, in);
+  m.attend(meta);
+  m.count(meta);
+  m.stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// (query RoPE + SWA insert) || compressor -> compressed insert || index-K store
+void AttentionLayer::Impl::write_caches(const StepMetadata& meta, const LayerInputs& in) {
+  const ExecContext& ctx = cfg.exec;
+  const int64_t N = meta.num_rows();
+  const TensorView table = rope.view(DType::F32, {table_rows, kRopeTableWidth});
+  SwaInsertArgs sa;
+  sa.kv = rows_of(in.kv, 0, N);
+  sa.q = rows_of(in.q, 0, N);
+  sa.positions = meta.positions();
+  sa.rope_table = table;
+  sa.slot_swa = meta.swa_slots();
+  sa.cache = swa;
+  sa.q_out = q_rot.view(DType::BF16, {N, Hp, kLatentDim});
+  swa_insert_q_rope(sa, ctx);
+  if (!info.is_kv_source) return;
+  const TensorView lat = latent.view(DType::BF16, {N, kLatentDim});
+  const TensorView cslots = meta.compressed_slots(r);
+  CompressArgs c;
+  c.ratio = r;
+  c.kv_score = rows_of(in.kv_score, 0, N);
+  c.positions = meta.positions();
+  c.norm_weight = norm.view(DType::BF16, {kLatentDim});
+  c.eps = read.eps;
+  c.latent_out = lat;
+  if (r == 2) {
+    c.slot_mapping = meta.ring_slots();
+    c.ring = ring.view(DType::F32, {cfg.ring_blocks, cap, kRingRowFloats});
+    c.qsl = meta.qsl();
+    c.token_to_req = meta.token_to_req();
+  } else {
+    c.slot_mapping = cslots;
+  }
+  compress(c, ctx);
+  InsertArgs ia;
+  ia.ratio = r;
+  ia.latent = lat;
+  ia.positions = meta.positions();
+  ia.rope_table = table;
+  ia.slots = cslots;
+  ia.cache = cmp;
+  insert(ia, ctx);
+  IndexKStoreArgs ka;
+  ka.ratio = r;
+  ka.latent = lat;
+  ka.positions = meta.positions();
+  ka.slots = cslots;
+  ka.wk = wk.view(DType::BF16, {kIndexHeadDim, kLatentDim});
+  ka.k_norm = knorm.view(DType::BF16, {kIndexHeadDim});
+  ka.eps = read.eps;
+  ka.rope_table = table;
+  ka.cache = idx;
+  indexer_k_store(ka, ctx);
+}
+
+// Q prep -> scores / top-k into the shared buffers (SPEC 8.2-8.7)
+void AttentionLayer::Impl::index(const StepMetadata& meta, const LayerInputs& in) {
+  const ExecContext& ctx = cfg.exec;
+  const int64_t N = meta.num_rows();
+  LayerShared::Impl& sh = shared->impl();
+  const TensorView table = rope.view(DType::F32, {table_rows, kRopeTableWidth});
+  const TensorView topk = shared->topk();
+  const TensorView pos = meta.positions(), valid = meta.token_valid();
+  stats.shortcut = indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph);
+  if (stats.shortcut) {
+    IndexerShortcutArgs a;
+    a.ratio = r;
+    a.positions = pos;
+    a.token_valid = valid;
+    a.topk = topk;
+    indexer_shortcut_topk(a, ctx);
+  } else {
+    IndexQPrepArgs qa;
+    qa.q = TensorView::contiguous(in.index_q.data, DType::BF16, {N, kIndexHeads, kIndexHeadDim});
+    qa.w_raw = TensorView::contiguous(in.w_raw.data, DType::BF16, {N, kIndexHeads});
+    qa.positions = pos;
+    qa.rope_table = table;
+    qa.q8 = q8.view(DType::U8, {N, kIndexHeads, kIndexHeadDim});
+    qa.w = w.view(DType::F32, {N, kIndexHeads});
+    indexer_prepare_q(qa, ctx);
+    IndexerTopkArgs a;
+    a.ratio = r;
+    a.role = info.is_candidate_source     ? IndexerRole::kCandidateSource
+             : info.is_candidate_consumer ? IndexerRole::kCandidateConsumer
+                                          : IndexerRole::kPlain;
+    a.q8 = qa.q8;
+    a.w = qa.w;
+    a.positions = pos;
+    a.token_to_req = meta.token_to_req();
+    a.token_valid = valid;
+    a.block_table = meta.block_table(r);
+    a.k_cache = kv_impl().idx;
+    a.topk = topk;
+    if (a.role != IndexerRole::kPlain) a.candidates = shared->candidates();
+    indexer_topk(a, ctx);
+    if (a.role == IndexerRole::kCandidateSource) {
+      sh.candidates_writer = info.index;
+      sh.candidates_gen = meta.generation();
+    }
+  }
+  sh.topk_writer = info.index;
+  sh.topk_gen = meta.generation();
+}
+
+// sparse MLA with sink over the decode rows, then the prefill chunks; the inverse RoPE
+void AttentionLayer::Impl::attend(const StepMetadata& meta) {
+  const ExecContext& ctx = cfg.exec;
+  const int64_t N = meta.num_rows(), A = meta.num_tokens();
+  const DecodeSplit sp = meta.split();
+  const LayerType type = layer_type_of_ratio(r);
+  const TensorView topk = shared->topk(), sinkv = TensorView::contiguous(sink_pad.data(), DType::F32, {Hp});
+  const TensorView qv = q_rot.view(DType::BF16, {cfg.max_tokens, Hp, kLatentDim});
+  const TensorView ov = attn.view(DType::BF16, {cfg.max_tokens, Hp, kLatentDim});
+  const TensorView lv = lse.view(DType::F32, {cfg.max_tokens, Hp});
+  const CacheView& kc = r > 0 ? kv_impl().cmp : swa;
+  const int64_t Td = sp.num_decode_tokens;
+  stats.decode_rows = Td;
+  stats.prefill_rows = sp.num_prefill_tokens;
+  if (Td > 0) {
+    LayerShared::Impl& sh = shared->impl();
+    const int ti = static_cast<int>(type);
+    if (sh.schedule_gen[ti] != meta.generation() || sh.schedule[ti].num_heads != Hp) {
+      DecodeScheduleArgs sa;
+      sa.layer = type;
+      sa.num_tokens = Td;
+      sa.num_heads = Hp;
+      sa.s_q = meta.decode_s_q();
+      sa.block_size = r > 0 ? S * r : 64;
+      sh.schedule[ti] = plan_decode_schedule(sa, ctx);
+      sh.schedule_gen[ti] = meta.generation();
+    }
+    SparseDecodeArgs a;
+    a.schedule = &sh.schedule[ti];
+    a.s_q = sh.schedule[ti].s_q;
+    a.q = rows_of(qv, 0, Td);
+    a.swa_cache = swa;
+    a.swa_indices = meta.swa_window();
+    a.swa_lens = meta.swa_window_lens();
+    if (r > 0) {
+      DecodeTopkSlotArgs ta;
+      ta.qsl = meta.qsl();
+      ta.num_speculative_tokens = cfg.num_speculative_tokens;
+      ta.slot_swa = meta.swa_slots();
+      ta.topk = rows_of(topk, 0, Td);
+      ta.block_table = meta.block_table(r);
+      ta.states_per_page = S;
+      ta.num_pages = cfg.compressed(r).num_pages;
+      ta.indices = dec_idx.view(DType::I32, {cfg.max_tokens, kIndexTopk});
+      ta.lengths = dec_len.view(DType::I32, {cfg.max_tokens});
+      build_decode_topk_slots(ta, ctx);
+      a.cmp_cache = kc;
+      a.cmp_indices = ta.indices;
+      a.cmp_lens = ta.lengths;
+    }
+    a.sink = sinkv;
+    a.softmax_scale = scale;
+    a.out = ov;
+    a.lse = lv;
+    sparse_decode(a, ctx);
+  }
+  if (sp.num_prefills > 0) {
+    const int64_t R = sp.num_prefills, D = sp.num_decodes;
+    const auto* seq = meta.seq_lens().ptr<const int64_t>();
+    const auto* gl = meta.gather_lens().ptr<const int64_t>();
+    const auto* gs = meta.gather_starts().ptr<const int64_t>();
+    const auto* qsl = meta.qsl().ptr<const int32_t>();
+    const auto* t2r = meta.token_to_req().ptr<const int32_t>();
+    const auto* valid = meta.token_valid().ptr<const int32_t>();
+    for (int64_t i = 0; i < R; ++i) {
+      h_seq[static_cast<size_t>(i)] = static_cast<int32_t>(seq[D + i]);
+      h_glen[static_cast<size_t>(i)] = static_cast<int32_t>(gl[i]);
+      h_gstart[static_cast<size_t>(i)] = static_cast<int32_t>(gs[i]);
+    }
+    for (int64_t t = Td; t < A; ++t) h_t2r[static_cast<size_t>(t - Td)] = t2r[t] - static_cast<int32_t>(D);
+    const TensorView seqv = TensorView::contiguous(h_seq.data(), DType::I32, {R});
+    const TensorView glv = TensorView::contiguous(h_glen.data(), DType::I32, {R});
+    const TensorView gsv = TensorView::contiguous(h_gstart.data(), DType::I32, {R});
+    PrefillChunkArgs pa;
+    pa.ratio = r;
+    pa.max_model_len = read.max_model_len;
+    pa.max_num_batched_tokens = cfg.max_tokens;
+    pa.seq_lens = seqv;
+    pa.gather_lens = glv;
+    const std::vector<PrefillChunk> chunks = plan_prefill_chunks(pa);
+    stats.prefill_chunks = static_cast<int64_t>(chunks.size());
+    const TensorView swa_bt = meta.swa_block_table();
+    const TensorView cmp_bt = r > 0 ? meta.block_table(r) : TensorView{};
+    LayerShared::Impl& sh = shared->impl();
+    for (const PrefillChunk& c : chunks) {
+      WorkspaceGatherArgs ga;
+      ga.ratio = r;
+      ga.chunk = c;
+      ga.seq_lens = seqv;
+      ga.gather_lens = glv;
+      ga.gather_starts = gsv;
+      ga.swa_cache = swa;
+      ga.swa_block_table = rows_of(swa_bt, D, R);
+      if (r > 0) {
+        ga.cmp_cache = kc;
+        ga.cmp_block_table = rows_of(cmp_bt, D, R);
+      }
+      ga.workspace = sh.workspace.view(DType::BF16, {sh.workspace_rows, kLatentDim});
+      gather_prefill_workspace(ga, ctx);
+      const int64_t b0 = qsl[D + c.req_begin], b1 = qsl[D + c.req_end], Tc = b1 - b0;
+      PrefillIndexArgs ia;
+      ia.ratio = r;
+      ia.chunk = c;
+      ia.positions = rows_of(meta.positions(), b0, Tc);
+      ia.token_to_req = TensorView::contiguous(h_t2r.data() + (b0 - Td), DType::I32, {Tc});
+      ia.gather_lens = glv;
+      ia.gather_starts = gsv;
+      if (r > 0) ia.topk = rows_of(topk, b0, Tc);
+      ia.indices = pf_idx.view(DType::I32, {Tc, kPrefillIndexWidth});
+      ia.lengths = pf_len.view(DType::I32, {Tc});
+      build_prefill_indices(ia, ctx);
+      // SPEC 6.1 / 9.3: an invalid token (slot_swa -1: a null SWA page) has no key.
+      auto* len = pf_len.as<int32_t>();
+      for (int64_t t = 0; t < Tc; ++t)
+        if (!valid[b0 + t]) len[t] = 0;
+      SparsePrefillArgs a;
+      a.q = rows_of(qv, b0, Tc);
+      a.kv = sh.workspace.view(DType::BF16, {c.num_reqs() * c.m_ch, kLatentDim});
+      a.indices = ia.indices;
+      a.topk_length = ia.lengths;
+      a.sink = sinkv;
+      a.softmax_scale = scale;
+      a.out = rows_of(ov, b0, Tc);
+      a.lse = rows_of(lv, b0, Tc);
+      sparse_prefill(a, ctx);
+    }
+  }
+  // padding rows (SPEC 9.3): no key, output 0, lse +inf
+  if (N > A) {
+    std::memset(ov.ptr<uint16_t>() + A * Hp * kLatentDim, 0,
+                static_cast<size_t>((N - A) * Hp * kLatentDim) * sizeof(uint16_t));
+    std::fill(lv.ptr<float>() + A * Hp, lv.ptr<float>() + N * Hp, kInf);
+  }
+  OutputRopeArgs oa;
+  oa.o = rows_of(ov, 0, N);
+  oa.num_real_heads = H;
+  oa.positions = meta.positions();
+  oa.rope_table = rope.view(DType::F32, {table_rows, kRopeTableWidth});
+  oa.out = out.view(DType::BF16, {cfg.max_tokens, H, kLatentDim});
+  attention_output_rope(oa, ctx);
+}
+
+void AttentionLayer::Impl::count(const StepMetadata& meta) {
+  const int64_t A = meta.num_tokens(), N = meta.num_rows();
+  const auto* slot = meta.swa_slots().ptr<const int64_t>();
+  const auto* pos = meta.positions().ptr<const int64_t>();
+  for (int64_t t = 0; t < N; ++t)
+    if (slot[t] >= 0) {
+      ++stats.swa_records;
+      stats.swa_keys += detail::window_len(pos[t]);
+    }
+  if (info.is_kv_source) {
+    const auto* cs = meta.compressed_slots(r).ptr<const int64_t>();
+    for (int64_t t = 0; t < N; ++t) stats.compressed_records += cs[t] >= 0;
+    stats.index_keys = stats.compressed_records;
+  }
+  if (r > 0) {
+    const auto* tk = shared->topk().ptr<const int32_t>();
+    const auto* cand = shared->candidates().ptr<const int32_t>();
+    const bool cand_used = !stats.shortcut && (info.is_candidate_source || info.is_candidate_consumer) &&
+                           !indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph);
+    for (int64_t t = 0; t < A; ++t) {
+      if (slot[t] < 0) continue;
+      const int64_t nc = closed_groups(pos[t] + 1, int64_t{r});
+      const int64_t k = std::min<int64_t>(nc, kIndexTopk);
+      int64_t n = 0;
+      for (int64_t j = 0; j < k; ++j) n += tk[t * kIndexTopk + j] >= 0;
+      stats.topk_entries += n;
+      stats.topk_max = std::max(stats.topk_max, n);
+      if (cand_used) {
+        int64_t covered = 0;
+        for (int64_t j = 0; j < kCandidateTopkBlocks; ++j) {
+          const int32_t b = cand[t * kCandidateTopkBlocks + j];
+          if (b < 0) break;
+          ++stats.candidate_blocks;
+          covered += std::min<int64_t>(kCandidateBlockSize, nc - int64_t{b} * kCandidateBlockSize);
+        }
+        if (info.is_candidate_consumer) stats.candidate_masked += nc - covered;
+      }
+    }
+  }
+  const auto* o = out.as<uint8_t>();
+  stats.checksum = fnv1a(o, static_cast<size_t>(A * H * kLatentDim) * sizeof(uint16_t), 1469598103934665603ull);
+}
+
+const LayerInfo& AttentionLayer::info() const { return impl_->info; }
+const LayerStepStats& AttentionLayer::last_stats() const { return impl_->stats; }
+uint64_t AttentionLayer::last_generation() const { return impl_->generation; }
+TensorView AttentionLayer::output() const {
+  return impl_->out.view(DType::BF16, {impl_->cfg.max_tokens, impl_->H, kLatentDim});
+}
+TensorView AttentionLayer::attention_out() const {
+  return impl_->attn.view(DType::BF16, {impl_->cfg.max_tokens, impl_->Hp, kLatentDim});
+}
+TensorView AttentionLayer::lse() const { return impl_->lse.view(DType::F32, {impl_->cfg.max_tokens, impl_->Hp}); }
+TensorView AttentionLayer::q_rotated() const {
+  return impl_->q_rot.view(DType::BF16, {impl_->cfg.max_tokens, impl_->Hp, kLatentDim});
+}
+const CacheView& AttentionLayer::swa_cache() const { return impl_->swa; }
+const CacheView& AttentionLayer::compressed_cache() const {
+  if (!impl_->info.is_kv_source)
+    detail::bad_arg("AttentionLayer::compressed_cache", "layer",
+                    fmt::format("{} is not a kv source, expected a kv source (its consumers read layer {}'s)",
+                                impl_->info.index, impl_->info.kv_src));
+  return impl_->cmp;
+}
+const IndexKCacheView& AttentionLayer::index_k_cache() const {
+  if (!impl_->info.is_kv_source)
+    detail::bad_arg("AttentionLayer::index_k_cache", "layer",
+                    fmt::format("{} is not a kv source, expected a kv source", impl_->info.index));
+  return impl_->idx;
+}
+TensorView AttentionLayer::ring() const {
+  if (!impl_->info.is_kv_source || impl_->r != 2)
+    detail::bad_arg("AttentionLayer::ring", "layer", fmt::format("{} has no ring, expected a ratio-2 kv source",
+                                                                impl_->info.index));
+  return impl_->ring.view(DType::F32, {impl_->cfg.ring_blocks, impl_->cap, kRingRowFloats});
+}
+TensorView AttentionLayer::latent() const {
+  if (!impl_->info.is_kv_source)
+    detail::bad_arg("AttentionLayer::latent", "layer", fmt::format("{} is not a kv source", impl_->info.index));
+  return impl_->latent.view(DType::BF16, {impl_->cfg.max_tokens, kLatentDim});
+}
+const std::vector<float>& AttentionLayer::sink() const { return impl_->sink; }
+
+}  // namespace dsv41kv::pipeline
