@@ -200,6 +200,10 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
     detail::bad_arg(kCtor, "cfg.device",
                     fmt::format("{}: the read path has no CUDA backend yet (expected cpu)", device_name(cfg.device)));
   if (!cfg.serves_swa()) detail::bad_arg(kCtor, "cfg.swa", "num_pages 0, expected the SWA cache of every layer");
+  if (cfg.num_speculative_tokens + 1 > kMaxDecodeQueriesPerRequest)
+    detail::bad_arg(kCtor, "cfg.num_speculative_tokens",
+                    fmt::format("{}, expected <= {}: a decode request has at most {} query tokens (SPEC 9.4)",
+                                cfg.num_speculative_tokens, kMaxDecodeQueriesPerRequest - 1, kMaxDecodeQueriesPerRequest));
   if (layer < 0 || layer >= model.num_layers())
     detail::bad_arg(kCtor, "layer", fmt::format("{}, expected 0 .. {}", layer, model.num_layers() - 1));
   const LayerInfo& li = model.layer(layer);
@@ -320,6 +324,9 @@ void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in
   if (meta.max_position() >= table_rows)
     detail::bad_arg(kRun, "meta", fmt::format("position {} has no row in layer {}'s RoPE table of {} rows",
                                               meta.max_position(), info.index, table_rows));
+  if (meta.max_seq_len() > read.max_model_len)
+    detail::bad_arg(kRun, "meta", fmt::format("a sequence of {} tokens, expected at most read.max_model_len = {} (the "
+                                              "prefill workspace's size, SPEC 9.5)", meta.max_seq_len(), read.max_model_len));
   const int64_t N = meta.num_rows();
   need_3d(kRun, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1");
   detail::need_rows(kRun, in.kv, "in.kv", DType::BF16, kLatentDim, N, "bf16 [>= N, 512]");
