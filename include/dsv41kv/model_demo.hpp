@@ -52,6 +52,9 @@ struct ModelDemoConfig {
   int num_heads = 64;
   RecordFormat swa_format = RecordFormat::V4_584;
   RecordFormat compressed_format = RecordFormat::V4_584;
+  // Non-empty: every layer's weights from this safetensors file (LayerWeights::from_safetensors
+  // names), else LayerWeights::from_seed(layer, num_heads, seed).
+  std::string weights_path;
 };
 
 // The serving and read-path configurations the demo runs with: pools sized by the workload (every

@@ -105,8 +105,14 @@ ModelDemoReport run_model_demo(const ModelDemoConfig& c, const std::function<voi
                                    after_layer) {
   const pipeline::ServingConfig sc = demo_serving_config(c);
   const pipeline::ReadPathConfig rc = demo_read_config(c);
+  const st::SafetensorsFile weights =
+      c.weights_path.empty() ? st::SafetensorsFile{} : st::SafetensorsFile::load(c.weights_path);
   pipeline::ModelRunner runner(
-      c.model, sc, rc, [&](const LayerInfo& li) { return pipeline::LayerWeights::from_seed(li, c.num_heads, c.seed); },
+      c.model, sc, rc,
+      [&](const LayerInfo& li) {
+        return c.weights_path.empty() ? pipeline::LayerWeights::from_seed(li, c.num_heads, c.seed)
+                                      : pipeline::LayerWeights::from_safetensors(weights, li, c.num_heads);
+      },
       rc.max_model_len);
   SeededActivations act(c.seed);
   std::map<int64_t, size_t> last_step;

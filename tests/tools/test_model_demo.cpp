@@ -9,6 +9,7 @@
 #include <string>
 
 #include "dsv41kv/model_demo.hpp"
+#include "dsv41kv/safetensors.hpp"
 #include "support/cli.hpp"
 
 using dsv41kv::test::run_cli;
@@ -88,4 +89,39 @@ TEST(ModelDemo, BadFlagsExitTwoWithTheArgumentNamed) {
     EXPECT_EQ(r.code, 2) << flags;
     EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
   }
+}
+
+// --weights: the layers' small weights from a safetensors file under the documented names give the
+// same run as the seed they were drawn from; a file without a tensor is a malformed file (exit 2).
+TEST(ModelDemo, WeightsFromSafetensorsUnderTheDocumentedNames) {
+  TempDir tmp;
+  const dsv41kv::ModelConfig m = dsv41kv::oracles::v41_demo_topology();
+  dsv41kv::st::SafetensorsWriter w, partial;
+  for (const dsv41kv::LayerInfo& li : m.layers) {
+    const auto lw = dsv41kv::pipeline::LayerWeights::from_seed(li, 8, 7);
+    const std::string p = "layers." + std::to_string(li.index) + ".attn.";
+    w.add<float>(p + "attn_sink", {8}, lw.attn_sink);
+    auto bf16 = [&](const std::string& name, std::vector<int64_t> shape, const std::vector<uint16_t>& v) {
+      w.add(name, dsv41kv::st::StDType::BF16, std::move(shape),
+            {reinterpret_cast<const uint8_t*>(v.data()), v.size() * sizeof(uint16_t)});
+    };
+    if (li.is_kv_source) {
+      bf16(p + "compressor.norm.weight", {512}, lw.compressor_norm);
+      bf16(p + "indexer.wk.weight", {128, 512}, lw.wk);
+      bf16(p + "indexer.k_norm.weight", {128}, lw.k_norm);
+    }
+    if (li.index != 3) {
+      partial.add<float>(p + "attn_sink", {8}, lw.attn_sink);
+    }
+  }
+  w.write(tmp / "w.safetensors");
+  partial.write(tmp / "partial.safetensors");
+  const auto seeded = run_cli(std::string(kSmall) + " --seed 7", tmp);
+  const auto loaded = run_cli(std::string(kSmall) + " --seed 7 --weights '" + (tmp / "w.safetensors") + "'", tmp);
+  ASSERT_EQ(seeded.code, 0) << seeded.err;
+  ASSERT_EQ(loaded.code, 0) << loaded.err;
+  EXPECT_EQ(nlohmann::json::parse(loaded.out)["checksum"], nlohmann::json::parse(seeded.out)["checksum"]);
+  const auto bad = run_cli(std::string(kSmall) + " --weights '" + (tmp / "partial.safetensors") + "'", tmp);
+  EXPECT_EQ(bad.code, 2);
+  EXPECT_NE(bad.err.find("layers.1.attn.compressor.norm.weight"), std::string::npos) << bad.err;
 }

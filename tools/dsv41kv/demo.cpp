@@ -46,6 +46,7 @@ struct DemoOptions {
   std::string swa_format = "v4_584";
   int64_t dense_stride = 16;
   double workload_scale = 1.0;
+  std::string weights;
   uint64_t seed = 7;
   std::string ratio = "both";   // 1, 2 or both
   std::string format = "all";   // one record format or all
@@ -279,6 +280,7 @@ int run_model_demo_cli(const DemoOptions& o) {
   oracles::ModelDemoConfig c;
   if (!o.config_path.empty()) c.model = load_model_config(o.config_path);
   c.seed = o.seed;
+  c.weights_path = o.weights;
   c.workload = oracles::demo_read_workload(o.workload_scale);
   c.threads = o.threads;
   c.num_heads = o.heads;
@@ -295,9 +297,9 @@ int run_model_demo_cli(const DemoOptions& o) {
   js["steps"] = nlohmann::json::array();
   if (!o.json) {
     fmt::print("dsv41kv demo: the whole attention path of a V4.1 topology on the CPU, {} layers:\n{}\n{} heads, "
-               "SWA {}, compressed {}, index keys fp8_132, seeded weights and activations (seed {})\n",
+               "SWA {}, compressed {}, index keys fp8_132, {} weights, seeded activations (seed {})\n",
                m.num_layers(), describe_topology(m), c.num_heads, record_info(c.swa_format).name,
-               record_info(c.compressed_format).name, o.seed);
+               record_info(c.compressed_format).name, o.weights.empty() ? "seeded" : o.weights, o.seed);
     fmt::print("{} requests over {} steps (request 3 has null blocks), num_speculative_tokens {}\n",
                c.workload.requests.size(), c.workload.steps.size(), c.workload.num_speculative_tokens);
   }
@@ -413,6 +415,9 @@ void add_demo(CLI::App& app, int& exit_code) {
   cmd->add_option("--swa-format", o.swa_format, "SWA cache record: v4_584, mxfp8_528, bf16, fp8");
   cmd->add_option("--dense-stride", o.dense_stride, "--verify: check every n-th token against binary64")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--weights", o.weights, "safetensors file of every layer's small weights (layers.<L>.attn.attn_sink, "
+                                          ".compressor.norm.weight, .indexer.wk.weight, .indexer.k_norm.weight; "
+                                          "default: seeded)");
   cmd->add_option("--workload-scale", o.workload_scale, "shorten every prompt of the built-in workload by this factor")
       ->check(finite_range(0.001, 1.0));
   cmd->add_option("--seed", o.seed, "seed of the workload, hidden states and weights")->check(unsigned64());
