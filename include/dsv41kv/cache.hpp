@@ -39,7 +39,10 @@ void insert(const InsertArgs& args, const ExecContext& ctx = {});
 // rope_table is the layer's table (plain for ratio-0 layers, YaRN for ratio > 0, SPEC 1.4) and
 // needs a row for every position of the call. q_out may be q itself (same data and strides,
 // H_pad == H: rotated in place); any other overlap of q and q_out is an error.
-// The CPU backend only: views on CUDA are an E8 (no CUDA backend yet).
+// CUDA views: the insert kernel with ratio 1 and a query RoPE kernel on ctx.stream; q and q_out
+// need 16-byte aligned data and token and head strides that are multiples of 8 elements (E8), kv
+// and the table 16-byte aligned; positions are not read on the host (a row whose position has no
+// table row is not written).
 struct SwaInsertArgs {
   TensorView kv;          // bf16 [rows >= T, 512], contiguous: the layer's normalized kv rows
   TensorView q;           // bf16 [rows >= T, H >= 1, 512]: inner stride 1, head stride >= 512,

@@ -58,6 +58,7 @@ namespace cuda {
 void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx);
 void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void save_ring_rows(const SaveRingRowsArgs& a, const SaveRingRowsPlan& p, const ExecContext& ctx);
+void swa_insert_q_rope(const SwaInsertArgs& a, const SwaInsertPlan& p, const ExecContext& ctx);
 }  // namespace cuda
 
 }  // namespace dsv41kv::detail

@@ -22,9 +22,9 @@ void swa_insert_q_rope(const SwaInsertArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, op);
   const detail::InsertViews v = detail::swa_insert_views(args);
   const detail::SwaInsertPlan p = detail::plan_swa_insert(args, v);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       op, p.insert.device, p.insert.N == 0, [&] { detail::check_swa_insert_values(args, v, p); },
-      [&] { detail::cpu::swa_insert_q_rope(args, p, ctx); });
+      [&] { detail::cpu::swa_insert_q_rope(args, p, ctx); }, [&] { detail::cuda::swa_insert_q_rope(args, p, ctx); });
 }
 
 void gather(const GatherArgs& args, const ExecContext& ctx) {

@@ -57,8 +57,6 @@ uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h) {
   return h;
 }
 
-bool is_plain_format(RecordFormat f) { return f == RecordFormat::PLAIN_BF16 || f == RecordFormat::PLAIN_FP8; }
-
 }  // namespace
 
 // ---------------------------------------------------------------- configuration and weights

@@ -12,6 +12,7 @@
 
 #include "dsv41kv/cache.hpp"
 #include "dsv41kv/config.hpp"
+#include "dsv41kv/device.hpp"
 #include "dsv41kv/rope.hpp"
 #include "support/canary.hpp"
 #include "support/compare.hpp"
@@ -350,13 +351,17 @@ TEST(SwaInsertValidation, EveryBadArgumentNamedNothingWritten) {
        [](SwaCase&, SwaInsertArgs& a) { a.q.device = Device::CUDA; },
        {"q: on cuda, expected cpu like slot_swa"}},
       {"q_out device", [](SwaCase&, SwaInsertArgs& a) { a.q_out.device = Device::CUDA; }, {"q_out: on cuda"}},
-      {"all on cuda",
+      // device views are not read on the host: the CUDA backend's own check (16-byte query rows)
+      // refuses them before any launch, a build without CUDA refuses every device view
+      {"all on cuda, query rows not 16-byte",
        [](SwaCase&, SwaInsertArgs& a) {
          for (TensorView* v : {&a.kv, &a.q, &a.positions, &a.rope_table, &a.slot_swa, &a.q_out})
            v->device = Device::CUDA;
          a.cache.device = Device::CUDA;
+         a.q.stride[1] = 516;
        },
-       {"swa_insert_q_rope: the views are on cuda, but swa_insert_q_rope has no CUDA backend yet"}},
+       {built_with_cuda() ? "swa_insert_q_rope: q: strides [4256, 516, 1], expected multiples of 8 elements on cuda"
+                          : "swa_insert_q_rope: the views are on cuda, but dsv41kv was built without CUDA"}},
       {"slot beyond cache",
        [](SwaCase& c, SwaInsertArgs&) { c.slot[4] = 128; },
        {"slot_swa: slot_swa[4] = 128, expected < num_pages * states_per_page = 4 * 32 = 128"}},

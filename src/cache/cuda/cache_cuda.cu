@@ -6,6 +6,12 @@
 #include "cache/backend.hpp"
 #include "cache/cuda/params.hpp"
 #include "core/cuda/cuda_util.hpp"
+#include "core/validate.hpp"
+#include "formats/insert.hpp"
+
+#include <string>
+
+#include <utility>
 
 namespace dsv41kv::detail::cuda {
 
@@ -23,6 +29,46 @@ void insert(const InsertArgs& a, const InsertPlan& p, const ExecContext& ctx) {
   require_aligned16(k.latent, "insert", "latent");
   require_aligned16(k.table, "insert", "rope_table");
   launch_insert(a.cache.format, k, as_stream(ctx.stream));
+}
+
+// SPEC 5.4: the insert kernel with ratio 1 (every token closes its group of one: the bytes of
+// insert() with ratio 1), then the query RoPE kernel over every (token, head) row.
+void swa_insert_q_rope(const SwaInsertArgs& a, const SwaInsertPlan& p, const ExecContext& ctx) {
+  const char* op = "swa_insert_q_rope";
+  if (p.insert.N == 0) return;
+  for (const auto& [v, name] : {std::pair{&a.q, "q"}, std::pair{&a.q_out, "q_out"}})
+    if (v->stride[0] % 8 != 0 || v->stride[1] % 8 != 0)
+      bad_arg(op, name,
+              "strides [" + std::to_string(v->stride[0]) + ", " + std::to_string(v->stride[1]) +
+                  ", 1], expected multiples of 8 elements on cuda (16-byte rows)");
+  InsertParams k;
+  k.latent = a.kv.ptr<const uint16_t>();
+  k.pos = a.positions.ptr<const int64_t>();
+  k.slot = a.slot_swa.ptr<const int64_t>();
+  k.N = p.insert.N;
+  k.ratio = kSwaInsertRatio;
+  k.table = a.rope_table.ptr<const float>();
+  k.table_rows = p.insert.table_rows;
+  k.cache = make_cache_dst(a.cache);
+  require_aligned16(k.latent, op, "kv");
+  require_aligned16(k.table, op, "rope_table");
+  QRopeParams r;
+  r.q = a.q.ptr<const uint16_t>();
+  r.q_ts = p.q_token_stride;
+  r.q_hs = p.q_head_stride;
+  r.out = a.q_out.ptr<uint16_t>();
+  r.o_ts = p.out_token_stride;
+  r.o_hs = p.out_head_stride;
+  r.T = p.insert.N;
+  r.H = static_cast<int>(p.heads);
+  r.H_pad = static_cast<int>(p.heads_out);
+  r.pos = k.pos;
+  r.table = k.table;
+  r.table_rows = k.table_rows;
+  require_aligned16(r.q, op, "q");
+  require_aligned16(r.out, op, "q_out");
+  launch_insert(a.cache.format, k, as_stream(ctx.stream));
+  launch_q_rope(r, as_stream(ctx.stream));
 }
 
 void gather(const GatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {

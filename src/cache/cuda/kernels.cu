@@ -39,6 +39,45 @@ void launch_insert_f(const InsertParams& p, cudaStream_t stream) {
   DSV41KV_CUDA_CHECK_LAUNCH("insert_kernel");
 }
 
+// ---------------------------------------------------------------- query RoPE (SWA insert)
+
+// One warp per (token, head) row of q_out; lane l owns dims [16l, 16l + 16): the NoPE lanes copy
+// their bits, the RoPE lanes (d0 >= 448) rotate with the writers' pair rotation (rope_thread:
+// num::rope_forward, as formats/rope_bf16.hpp on the host) and round to bf16. Every lane reads its
+// dims before writing them, so q_out may be q itself. A row whose position has no table row is
+// not written (the host checks positions of host views).
+__global__ void __launch_bounds__(256) q_rope_kernel(const QRopeParams p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (w >= p.T * p.H_pad) return;
+  const int64_t t = w / p.H_pad;
+  const int h = static_cast<int>(w % p.H_pad);
+  const int64_t pos = p.pos[t];
+  if (pos < 0 || pos >= p.table_rows) return;
+  const int d0 = 16 * lane;
+  uint16_t* dst = p.out + t * p.o_ts + h * p.o_hs + d0;
+  uint16_t o[16];
+  if (h >= p.H) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[i] = 0;
+  } else {
+    float x[16], y[16];
+    uint16_t bits[16];
+    load_bf16<16>(p.q + t * p.q_ts + h * p.q_hs + d0, x, bits);
+    if (d0 < kNopeDim) {
+#pragma unroll
+      for (int i = 0; i < 16; ++i) o[i] = bits[i];
+    } else {
+      rope_thread<16>(d0, p.table + pos * kRopeDim, x, y);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) o[i] = num::bf16_encode(y[i]);
+    }
+  }
+  uint32_t wv[8];
+  pack_bf16<16>(o, wv);
+  store_words<8>(reinterpret_cast<uint8_t*>(dst), wv);
+}
+
 // ---------------------------------------------------------------- gather
 
 template <int F>
@@ -90,6 +129,13 @@ __global__ void __launch_bounds__(256) save_ring_rows_kernel(const SaveRowsParam
 void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream) {
   if (p.N <= 0) return;
   with_record_format(f, [&](auto F) { launch_insert_f<F()>(p, stream); });
+}
+
+void launch_q_rope(const QRopeParams& p, cudaStream_t stream) {
+  const int64_t rows = p.T * p.H_pad;
+  if (rows <= 0) return;
+  q_rope_kernel<<<static_cast<unsigned>(blocks_for(rows)), 32 * kWarpsPerBlock, 0, stream>>>(p);
+  DSV41KV_CUDA_CHECK_LAUNCH("q_rope_kernel");
 }
 
 void launch_gather(RecordFormat f, const GatherParams& p, cudaStream_t stream) {

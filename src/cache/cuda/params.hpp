@@ -24,6 +24,22 @@ struct InsertParams {
 };
 void launch_insert(RecordFormat f, const InsertParams& p, cudaStream_t stream);
 
+// The query RoPE of the SWA insert (SPEC 9.2): q_out[t][h] = q[t][h] rotated on dims 448..511 at
+// table row pos[t] for h < H, zeros for H <= h < H_pad. Rows, heads: strides in elements, multiples
+// of 8 (16-byte vectors; the host checks).
+struct QRopeParams {
+  const uint16_t* q = nullptr;
+  int64_t q_ts = 0, q_hs = 0;
+  uint16_t* out = nullptr;
+  int64_t o_ts = 0, o_hs = 0;
+  int64_t T = 0;
+  int H = 0, H_pad = 0;
+  const int64_t* pos = nullptr;  // [T]
+  const float* table = nullptr;
+  int64_t table_rows = 0;
+};
+void launch_q_rope(const QRopeParams& p, cudaStream_t stream);
+
 // Dequantize-gather (SPEC 5.3).
 struct GatherParams {
   const uint8_t* base = nullptr;
