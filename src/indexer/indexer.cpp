@@ -1,12 +1,14 @@
 // Public indexer API (indexer.hpp): validate every argument on the host (plan.cpp), then run the
-// CPU backend (cpu.cpp). Nothing is written before all checks have passed. The plans reject views
-// on a CUDA device (the indexer has no CUDA backend yet), so the dispatch only ever sees CPU views.
+// CPU backend (cpu.cpp) or, for the index-K store and the Q preparation, the CUDA kernels
+// (cuda/). Nothing is written before all checks have passed. The scores' and the top-k's plans
+// reject views on a CUDA device (no CUDA backend yet).
 #include "dsv41kv/indexer.hpp"
 
 #include <fmt/format.h>
 
 #include "core/dispatch.hpp"
 #include "indexer/backend.hpp"
+#include "indexer/cuda/backend_cuda.hpp"
 
 namespace dsv41kv {
 
@@ -56,7 +58,7 @@ void indexer_k_store(const IndexKStoreArgs& args, const ExecContext& ctx) {
   const detail::IndexKStorePlan p = detail::plan_index_k_store(args);
   detail::dispatch(
       "indexer_k_store", p.device, p.N == 0, [&] { detail::check_index_k_store_values(args, p); },
-      [&] { detail::cpu::index_k_store(args, p, ctx); }, [] { no_backend("indexer_k_store"); });
+      [&] { detail::cpu::index_k_store(args, p, ctx); }, [&] { detail::cuda::index_k_store(args, p, ctx); });
 }
 
 void indexer_prepare_q(const IndexQPrepArgs& args, const ExecContext& ctx) {
@@ -64,7 +66,7 @@ void indexer_prepare_q(const IndexQPrepArgs& args, const ExecContext& ctx) {
   const detail::IndexQPrepPlan p = detail::plan_index_q_prep(args);
   detail::dispatch(
       "indexer_prepare_q", p.device, p.T == 0, [&] { detail::check_index_q_prep_values(args, p); },
-      [&] { detail::cpu::index_q_prep(args, p, ctx); }, [] { no_backend("indexer_prepare_q"); });
+      [&] { detail::cpu::index_q_prep(args, p, ctx); }, [&] { detail::cuda::index_q_prep(args, p, ctx); });
 }
 
 void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx) {

@@ -69,16 +69,16 @@ void need_cpu_backend(const char* op, Device device) {
 }
 
 // Every present view, and the cache when given, on `device` like the view named `ref` (one device
-// per call); then the CPU-only check.
+// per call); then, for the ops without a CUDA backend (`cuda_backend` false), the CPU-only check.
 void need_one_device(const char* op, Device device, const char* ref,
                      std::initializer_list<std::pair<const TensorView*, const char*>> views,
-                     const IndexKCacheView* cache = nullptr, const char* cache_arg = "") {
+                     const IndexKCacheView* cache = nullptr, const char* cache_arg = "", bool cuda_backend = false) {
   for (const auto& [v, name] : views) need_device(op, *v, name, device, ref);
   if (cache != nullptr && cache->device != device)
     bad_arg(op, cache_arg,
             fmt::format("on {}, expected {} like {} (all views of one call on one device)",
                         device_name(cache->device), device_name(device), ref));
-  need_cpu_backend(op, device);
+  if (!cuda_backend) need_cpu_backend(op, device);
 }
 
 void need_table(const char* op, const TensorView& t) {
@@ -144,7 +144,7 @@ IndexKStorePlan plan_index_k_store(const IndexKStoreArgs& a) {
   need_one_device(op, p.device, "slots",
                   {{&a.latent, "latent"}, {&a.positions, "positions"}, {&a.wk, "wk"}, {&a.k_norm, "k_norm"},
                    {&a.rope_table, "rope_table"}},
-                  &a.cache, "cache");
+                  &a.cache, "cache", true);
   return p;
 }
 
@@ -173,7 +173,8 @@ IndexQPrepPlan plan_index_q_prep(const IndexQPrepArgs& a) {
   need_shape(op, a.w, "w", DType::F32, {p.T, kIndexHeads}, p.T, false, "f32 [rows >= T, 32]");
   need_one_device(op, p.device, "q",
                   {{&a.w_raw, "w_raw"}, {&a.positions, "positions"}, {&a.rope_table, "rope_table"}, {&a.q8, "q8"},
-                   {&a.w, "w"}});
+                   {&a.w, "w"}},
+                  nullptr, "", true);
   return p;
 }
 

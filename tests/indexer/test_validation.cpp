@@ -2,6 +2,8 @@
 // what was expected, before anything is written (the canary-filled outputs stay untouched).
 #include <gtest/gtest.h>
 
+#include "dsv41kv/device.hpp"
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -75,10 +77,12 @@ TEST(IndexerValidation, KStore) {
       {"cache pages", [](StoreBase&, IndexKStoreArgs& a) { a.cache.num_pages = 0; }, "cache: num_pages = 0"},
       {"cache overflow", [](StoreBase&, IndexKStoreArgs& a) { a.cache.num_pages = int64_t{1} << 55; }, "span more than 2^62 bytes"},
       {"cache device", [](StoreBase&, IndexKStoreArgs& a) { a.cache.device = Device::CUDA; }, "cache: on cuda, expected cpu like slots"},
+      // valid device views are dispatched to the kernels in a CUDA build (tests/indexer/*_gpu)
       {"cuda views", [](StoreBase&, IndexKStoreArgs& a) {
          for (TensorView* v : {&a.latent, &a.positions, &a.slots, &a.wk, &a.k_norm, &a.rope_table}) v->device = Device::CUDA;
          a.cache.device = Device::CUDA;
-       }, "indexer_k_store: the views are on cuda, but the indexer has no CUDA backend yet"},
+         if (built_with_cuda()) a.wk.dtype = DType::F32;  // refused before any launch
+       }, built_with_cuda() ? "indexer_k_store: wk: dtype f32" : "indexer_k_store: the views are on cuda, but dsv41kv was built without CUDA"},
       {"slot beyond the cache", [](StoreBase& b, IndexKStoreArgs&) { b.slots[4] = 32; }, "slots: slots[4] = 32, expected < num_pages * states_per_page = 4 * 8 = 32"},
       {"negative position", [](StoreBase& b, IndexKStoreArgs&) { b.pos[2] = -3; }, "positions[2] = -3, expected >= 0"},
       {"beyond the table", [](StoreBase& b, IndexKStoreArgs&) { b.pos[5] = 32; }, "positions[5] = 32 needs RoPE table row 32"},
@@ -153,7 +157,8 @@ TEST(IndexerValidation, PrepareQ) {
       {"device mix", [](QBase&, IndexQPrepArgs& a) { a.w.device = Device::CUDA; }, "w: on cuda, expected cpu like q"},
       {"cuda views", [](QBase&, IndexQPrepArgs& a) {
          for (TensorView* v : {&a.q, &a.w_raw, &a.positions, &a.rope_table, &a.q8, &a.w}) v->device = Device::CUDA;
-       }, "indexer_prepare_q: the views are on cuda, but the indexer has no CUDA backend yet"},
+         if (built_with_cuda()) a.w.dtype = DType::BF16;  // refused before any launch
+       }, built_with_cuda() ? "indexer_prepare_q: w: dtype bf16" : "indexer_prepare_q: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   Rng rng(2);
   const QBase base(rng);

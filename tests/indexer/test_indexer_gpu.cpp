@@ -1,0 +1,116 @@
+// The indexer's CUDA kernels (the index-K store, the Q preparation) against the CPU backend on
+// fresh random inputs: whole canary-filled caches and outputs byte for byte, both index-K formats,
+// both ratios, non-closing and slot-less tokens, NaN and tiny vectors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dsv41kv/indexer.hpp"
+#include "support/canary.hpp"
+#include "support/compare.hpp"
+#include "support/gpu_util.hpp"
+#include "support/random.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+class IndexerGpu : public GpuTest {};
+
+std::vector<float> table_of(int64_t rows, Rng& rng) {
+  std::vector<float> t(static_cast<size_t>(rows * 64));
+  for (auto& v : t) v = static_cast<float>(rng.uniform(-1.0, 1.0));
+  return t;
+}
+
+TEST_F(IndexerGpu, KStoreMatchesCpuBothFormatsAndRatios) {
+  for (IndexKFormat f : {IndexKFormat::FP8_132, IndexKFormat::MXFP4_68})
+    for (int r : {1, 2}) {
+      const std::string what = std::string(index_k_format_name(f)) + " r" + std::to_string(r);
+      const int64_t N = 150, S = 64 / r, pages = 8, rows = 400;
+      IndexKCacheView c = IndexKCacheView::with_default_strides(nullptr, f, pages, S);
+      c.page_stride += 24;
+      std::vector<uint8_t> cache(static_cast<size_t>(pages * c.page_stride), kByteCanary);
+      std::vector<uint16_t> latent = random_bf16(static_cast<size_t>(N * 512), rng(), 2.0);
+      for (int d = 0; d < 512; ++d) latent[static_cast<size_t>(7 * 512 + d)] = num::bf16_encode(1e-30f);  // tiny
+      latent[static_cast<size_t>(9 * 512 + 3)] = 0x7FC0;                                                   // NaN
+      std::vector<uint16_t> wk = random_bf16(128 * 512, rng(), 0.05), kn = random_bf16(128, rng(), 0.5, 1.5);
+      std::vector<float> table = table_of(rows, rng());
+      std::vector<int64_t> pos(static_cast<size_t>(N)), slot(static_cast<size_t>(N));
+      std::vector<int64_t> perm(static_cast<size_t>(pages * S));
+      for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+      rng().shuffle(perm);
+      for (int64_t t = 0; t < N; ++t) {
+        pos[static_cast<size_t>(t)] = rng().integer(0, rows - 1);
+        slot[static_cast<size_t>(t)] = t % 9 == 5 ? -1 : perm[static_cast<size_t>(t)];  // distinct slots
+      }
+      DeviceBuffer<uint8_t> dcache(cache);
+      DeviceBuffer<uint16_t> dlat(latent), dwk(wk), dkn(kn);
+      DeviceBuffer<float> dtab(table);
+      DeviceBuffer<int64_t> dpos(pos), dslot(slot);
+      IndexKStoreArgs h;
+      h.ratio = r;
+      h.latent = TensorView::contiguous(latent.data(), DType::BF16, {N, 512});
+      h.positions = TensorView::contiguous(pos.data(), DType::I64, {N});
+      h.slots = TensorView::contiguous(slot.data(), DType::I64, {N});
+      h.wk = TensorView::contiguous(wk.data(), DType::BF16, {128, 512});
+      h.k_norm = TensorView::contiguous(kn.data(), DType::BF16, {128});
+      h.eps = 1e-6f;
+      h.rope_table = TensorView::contiguous(table.data(), DType::F32, {rows, 64});
+      h.cache = c;
+      h.cache.base = cache.data();
+      IndexKStoreArgs d = h;
+      d.latent = dlat.view({N, 512});
+      d.positions = dpos.view1();
+      d.slots = dslot.view1();
+      d.wk = dwk.view({128, 512});
+      d.k_norm = dkn.view({128});
+      d.rope_table = dtab.view({rows, 64});
+      d.cache.base = dcache.data();
+      d.cache.device = Device::CUDA;
+      indexer_k_store(h);
+      indexer_k_store(d);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(bits_equal(cache, dcache.download(), what + ": index-K cache"));
+    }
+}
+
+TEST_F(IndexerGpu, PrepareQMatchesCpu) {
+  const int64_t T = 97, rows = 300, out_rows = T + 5;
+  std::vector<uint16_t> q = random_bf16(static_cast<size_t>(T * 32 * 128), rng(), 3.0);
+  for (int d = 0; d < 128; ++d) q[static_cast<size_t>(5 * 4096 + 2 * 128 + d)] = num::bf16_encode(1e-20f);
+  q[static_cast<size_t>(11 * 4096 + 7)] = 0x7F80;  // +inf
+  std::vector<uint16_t> w_raw = random_bf16(static_cast<size_t>(T * 32), rng());
+  std::vector<float> table = table_of(rows, rng());
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (auto& p : pos) p = rng().integer(0, rows - 1);
+  std::vector<uint8_t> q8(static_cast<size_t>(out_rows * 4096), kByteCanary);
+  std::vector<float> w(static_cast<size_t>(out_rows * 32), -7.0f);
+  DeviceBuffer<uint16_t> dq(q), dwr(w_raw);
+  DeviceBuffer<float> dtab(table), dw(w);
+  DeviceBuffer<int64_t> dpos(pos);
+  DeviceBuffer<uint8_t> dq8(q8);
+  IndexQPrepArgs h;
+  h.q = TensorView::contiguous(q.data(), DType::BF16, {T, 32, 128});
+  h.w_raw = TensorView::contiguous(w_raw.data(), DType::BF16, {T, 32});
+  h.positions = TensorView::contiguous(pos.data(), DType::I64, {T});
+  h.rope_table = TensorView::contiguous(table.data(), DType::F32, {rows, 64});
+  h.q8 = TensorView::contiguous(q8.data(), DType::U8, {out_rows, 32, 128});
+  h.w = TensorView::contiguous(w.data(), DType::F32, {out_rows, 32});
+  IndexQPrepArgs d;
+  d.q = dq.view({T, 32, 128});
+  d.w_raw = dwr.view({T, 32});
+  d.positions = dpos.view1();
+  d.rope_table = dtab.view({rows, 64});
+  d.q8 = dq8.view({out_rows, 32, 128});
+  d.w = dw.view({out_rows, 32});
+  indexer_prepare_q(h);
+  indexer_prepare_q(d);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(bits_equal(q8, dq8.download(), "q8"));
+  EXPECT_TRUE(bits_equal(w, dw.download(), "w"));
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
