@@ -1,7 +1,9 @@
 // Public attention API (attention.hpp): validate every argument on the host, then run the CPU
-// backend (cpu.cpp). Nothing is written before all checks have passed; views on a CUDA device
-// pass the same view checks and are then refused (no CUDA backend yet).
+// backend (cpu.cpp) or, for sparse_decode and sparse_prefill, the CUDA kernels (cuda/). Nothing is
+// written before all checks have passed; the other ops' views on a CUDA device pass the same view
+// checks and are then refused (no CUDA backend yet).
 #include "attention/backend.hpp"
+#include "attention/cuda/backend_cuda.hpp"
 #include "core/dispatch.hpp"
 
 namespace dsv41kv {
@@ -9,17 +11,17 @@ namespace dsv41kv {
 void sparse_decode(const SparseDecodeArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "sparse_decode");
   const detail::DecodePlan p = detail::plan_sparse_decode(args);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       "sparse_decode", p.device, p.heads.T == 0, [&] { detail::check_sparse_decode_values(args, p); },
-      [&] { detail::cpu::sparse_decode(args, p, ctx); });
+      [&] { detail::cpu::sparse_decode(args, p, ctx); }, [&] { detail::cuda::sparse_decode(args, p, ctx); });
 }
 
 void sparse_prefill(const SparsePrefillArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "sparse_prefill");
   const detail::PrefillPlan p = detail::plan_sparse_prefill(args);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       "sparse_prefill", p.device, p.heads.T == 0, [&] { detail::check_sparse_prefill_values(args, p); },
-      [&] { detail::cpu::sparse_prefill(args, p, ctx); });
+      [&] { detail::cpu::sparse_prefill(args, p, ctx); }, [&] { detail::cuda::sparse_prefill(args, p, ctx); });
 }
 
 void gather_prefill_workspace(const WorkspaceGatherArgs& args, const ExecContext& ctx) {

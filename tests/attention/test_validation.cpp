@@ -2,6 +2,8 @@
 // and what was expected, before anything is written (canary-filled outputs stay untouched).
 #include <gtest/gtest.h>
 
+#include "dsv41kv/device.hpp"
+
 #include <functional>
 #include <limits>
 #include <string>
@@ -77,9 +79,15 @@ TEST_F(Validation, SparseDecode) {
       {"cmp pages", [](DecodeCase&, SparseDecodeArgs& a) { a.cmp_cache.num_pages = 0; }, {"sparse_decode: cmp_cache: num_pages = 0"}},
       {"out device", [](DecodeCase&, SparseDecodeArgs& a) { a.out.device = Device::CUDA; }, {"out: on cuda, expected cpu like q"}},
       {"cache device", [](DecodeCase&, SparseDecodeArgs& a) { a.swa_cache.device = Device::CUDA; }, {"swa_cache: on cuda, expected cpu like q"}},
-      {"no CUDA backend", [](DecodeCase&, SparseDecodeArgs& a) {
+      // device views are not read on the host: a CUDA build's backend refuses query rows its
+      // vector loads cannot read before any launch, a build without CUDA every device view
+      {"cuda views", [](DecodeCase&, SparseDecodeArgs& a) {
          for (TensorView* v : {&a.q, &a.swa_indices, &a.swa_lens, &a.cmp_indices, &a.cmp_lens, &a.sink, &a.out, &a.lse}) v->device = Device::CUDA;
-         a.swa_cache.device = a.cmp_cache.device = Device::CUDA; }, {"sparse_decode: the views are on cuda, but sparse_decode has no CUDA backend yet"}},
+         a.swa_cache.device = a.cmp_cache.device = Device::CUDA;
+         a.q.stride[1] = 516;
+         a.q.stride[0] = 516 * a.q.shape[1]; },
+       {built_with_cuda() ? "expected multiples of 8 elements on cuda (16-byte rows)"
+                          : "sparse_decode: the views are on cuda, but dsv41kv was built without CUDA"}},
   };
   DecodeSpec s;
   s.T = 5;
@@ -119,8 +127,10 @@ TEST_F(Validation, SparsePrefill) {
       {"q head size", [](SparsePrefillArgs& a) { a.q.shape[2] = 576; }, "q: shape[2] = 576, expected 512"},
       {"sink +nan", [&](SparsePrefillArgs&) { sink[7] = kNaN; }, "sink: sink[7] is NaN"},
       {"cuda", [](SparsePrefillArgs& a) {
-         for (TensorView* v : {&a.q, &a.kv, &a.indices, &a.topk_length, &a.sink, &a.out, &a.lse}) v->device = Device::CUDA; },
-       "sparse_prefill has no CUDA backend yet"},
+         for (TensorView* v : {&a.q, &a.kv, &a.indices, &a.topk_length, &a.sink, &a.out, &a.lse}) v->device = Device::CUDA;
+         a.kv.stride[0] = 516; },
+       built_with_cuda() ? "sparse_prefill: kv: row stride 516, expected a multiple of 8 elements on cuda"
+                         : "sparse_prefill: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   for (const auto& bad : cases) {
     SCOPED_TRACE(bad.name);

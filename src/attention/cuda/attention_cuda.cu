@@ -1,0 +1,239 @@
+// Sparse MLA with sink on CUDA (SPEC 9.2-9.4, 9.5 step 3), correctness-first: one warp per (query
+// token, head), lane l owning dims [16l, 16l + 16) (the record readers' layout), the keys of the
+// token's list one after the other with an online softmax in fp32 (scores by an fma chain over
+// the lane's dims and a butterfly sum, exp by expf, probabilities kept in fp32), the sink once at
+// the end. The result agrees with the CPU backend within SPEC 9.7 (not bit for bit: the CPU
+// merges 64-key blocks in binary64-rounded exps). K = V = the key's dequantized 512-d state
+// (formats/cuda/record_readers.cuh for the caches, the bf16 rows for the workspace). Indices a
+// kernel cannot use (a slot beyond the cache) are masked; the host checks them for host views.
+// The tensor-core kernels of issue 23 replace this form; its tests stay.
+#include <cuda_runtime.h>
+
+#include <limits>
+#include <string>
+
+#include "attention/cuda/backend_cuda.hpp"
+#include "core/cuda/cuda_util.hpp"
+#include "core/cuda/memory.cuh"
+#include "core/validate.hpp"
+#include "formats/cuda/fast_numerics.cuh"
+#include "formats/cuda/record_readers.cuh"
+
+namespace dsv41kv::detail::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+
+struct Heads {
+  const uint16_t* q = nullptr;
+  int64_t q_tok = 0, q_head = 0;
+  uint16_t* out = nullptr;
+  int64_t out_tok = 0, out_head = 0;
+  float* lse = nullptr;
+  int64_t lse_tok = 0;
+  const float* sink = nullptr;
+  float scale = 0;
+  int64_t T = 0;
+  int H = 0;
+};
+
+// A cache key list: `idx` rows of global slots with lengths.
+struct CacheList {
+  const uint8_t* base = nullptr;
+  int64_t S = 1, page_stride = 0, row_stride = 0, capacity = 0;
+  float fp8_scale = 1.0f;
+  const int32_t* idx = nullptr;
+  int64_t idx_stride = 0;
+  const int32_t* len = nullptr;
+};
+
+template <int F>
+__device__ __forceinline__ bool load_cache_key(const CacheList& c, int64_t t, int j, int d0, float (&k)[16]) {
+  const int64_t slot = c.idx[t * c.idx_stride + j];
+  if (slot < 0 || slot >= c.capacity) return false;
+  const int64_t page = slot / c.S, r = slot % c.S;
+  uint16_t b[16];
+  read_record_dims<F, 16>(c.base + page * c.page_stride, c.S, r, c.row_stride, c.fp8_scale, d0, b);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) k[i] = num::bf16_decode(b[i]);
+  return true;
+}
+
+// The online softmax state of one (token, head) row over this lane's dims.
+struct Row {
+  float q[16], acc[16];
+  float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+  bool any = false;
+  __device__ void add(const float (&k)[16], float scale) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) s = fmaf(q[i], k[i], s);
+#pragma unroll
+    for (int h = 16; h >= 1; h >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, h);
+    const float z = scale * s;
+    const float mn = fmaxf(m, z);
+    const float a = any ? expf(m - mn) : 0.0f, b = expf(z - mn);
+    l = l * a + b;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) acc[i] = acc[i] * a + b * k[i];
+    m = mn;
+    any = true;
+  }
+};
+
+__device__ void begin(const Heads& p, int64_t t, int h, int lane, Row& row) {
+  float x[16];
+  uint16_t bits[16];
+  load_bf16<16>(p.q + t * p.q_tok + h * p.q_head + 16 * lane, x, bits);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    row.q[i] = x[i];
+    row.acc[i] = 0.0f;
+  }
+}
+
+// SPEC 9.2 / 9.3: the sink once; a row without a key is 0 with lse +inf whatever the sink.
+__device__ void finish(const Heads& p, int64_t t, int h, int lane, const Row& row) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float s = p.sink[h];
+  uint16_t o[16];
+  float r = 0.0f;
+  if (row.any && s != inf) {
+    const float M = fmaxf(row.m, s);
+    const float a = expf(row.m - M), b = expf(s - M);
+    r = a / (row.l * a + b);
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i] = num::bf16_encode(row.acc[i] * r);
+  uint32_t w[8];
+  pack_bf16<16>(o, w);
+  store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + 16 * lane), w);
+  if (lane == 0) p.lse[t * p.lse_tok + h] = row.any ? row.m + logf(row.l) : inf;
+}
+
+template <int FS, int FC>
+__global__ void __launch_bounds__(32 * kWarps) decode_kernel(const Heads p, const CacheList swa, const CacheList cmp,
+                                                              bool with_cmp) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= p.T * p.H) return;
+  const int64_t t = w / p.H;
+  const int h = static_cast<int>(w % p.H);
+  Row row;
+  begin(p, t, h, lane, row);
+  float k[16];
+  if (with_cmp)  // the compressed keys, then the window (the CPU's key order)
+    for (int j = 0; j < cmp.len[t]; ++j)
+      if (load_cache_key<FC>(cmp, t, j, 16 * lane, k)) row.add(k, p.scale);
+  for (int j = 0; j < swa.len[t]; ++j)
+    if (load_cache_key<FS>(swa, t, j, 16 * lane, k)) row.add(k, p.scale);
+  finish(p, t, h, lane, row);
+}
+
+struct Workspace {
+  const uint16_t* kv = nullptr;
+  int64_t s_kv = 0, kv_stride = 0;
+  const int32_t* idx = nullptr;
+  int64_t idx_stride = 0;
+  const int32_t* len = nullptr;
+};
+
+__global__ void __launch_bounds__(32 * kWarps) prefill_kernel(const Heads p, const Workspace ws) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= p.T * p.H) return;
+  const int64_t t = w / p.H;
+  const int h = static_cast<int>(w % p.H);
+  Row row;
+  begin(p, t, h, lane, row);
+  float k[16];
+  uint16_t bits[16];
+  for (int j = 0; j < ws.len[t]; ++j) {
+    const int64_t i = ws.idx[t * ws.idx_stride + j];
+    if (i < 0 || i >= ws.s_kv) continue;
+    load_bf16<16>(ws.kv + i * ws.kv_stride + 16 * lane, k, bits);
+    row.add(k, p.scale);
+  }
+  finish(p, t, h, lane, row);
+}
+
+// q, out: 16-byte rows (the warp's vector loads and stores).
+void need_vector_rows(const char* op, const TensorView& v, const char* arg) {
+  if (v.stride[0] % 8 != 0 || (v.ndim > 2 && v.stride[1] % 8 != 0))
+    bad_arg(op, arg, "strides [" + std::to_string(v.stride[0]) + (v.ndim > 2 ? ", " + std::to_string(v.stride[1]) : "") +
+                         ", 1], expected multiples of 8 elements on cuda (16-byte rows)");
+  require_aligned16(v.data, op, arg);
+}
+
+Heads heads_of(const char* op, const TensorView& q, const TensorView& out, const TensorView& lse, const TensorView& sink,
+               float scale, const HeadsPlan& h) {
+  need_vector_rows(op, q, "q");
+  need_vector_rows(op, out, "out");
+  Heads p;
+  p.q = q.ptr<const uint16_t>();
+  p.q_tok = h.q_tok;
+  p.q_head = h.q_head;
+  p.out = out.ptr<uint16_t>();
+  p.out_tok = h.out_tok;
+  p.out_head = h.out_head;
+  p.lse = lse.ptr<float>();
+  p.lse_tok = h.lse_tok;
+  p.sink = sink.ptr<const float>();
+  p.scale = scale;
+  p.T = h.T;
+  p.H = h.H;
+  return p;
+}
+
+CacheList list_of(const CacheView& c, const TensorView& idx, const TensorView& len) {
+  const RecordInfo& ri = record_info(c.format);
+  const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
+  CacheList l;
+  l.base = static_cast<const uint8_t*>(c.base);
+  l.S = c.states_per_page;
+  l.page_stride = c.page_stride * es;
+  l.row_stride = c.row_stride * es;
+  l.capacity = c.num_pages * c.states_per_page;
+  l.fp8_scale = c.fp8_scale;
+  l.idx = idx.ptr<const int32_t>();
+  l.idx_stride = idx.stride[0];
+  l.len = len.ptr<const int32_t>();
+  return l;
+}
+
+unsigned grid_of(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx) {
+  const char* op = "sparse_decode";
+  const Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
+  const CacheList swa = list_of(a.swa_cache, a.swa_indices, a.swa_lens);
+  const CacheList cmp = p.with_cmp ? list_of(a.cmp_cache, a.cmp_indices, a.cmp_lens) : CacheList{};
+  const RecordFormat fc = p.with_cmp ? a.cmp_cache.format : a.swa_cache.format;
+  with_record_format(a.swa_cache.format, [&](auto FS) {
+    with_record_format(fc, [&](auto FC) {
+      decode_kernel<FS(), FC()><<<grid_of(h.T * h.H), 32 * kWarps, 0, as_stream(ctx.stream)>>>(h, swa, cmp, p.with_cmp);
+    });
+  });
+  DSV41KV_CUDA_CHECK_LAUNCH("decode_kernel");
+}
+
+void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx) {
+  const char* op = "sparse_prefill";
+  const Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
+  if (p.kv_row_stride % 8 != 0)
+    bad_arg(op, "kv", "row stride " + std::to_string(p.kv_row_stride) + ", expected a multiple of 8 elements on cuda");
+  require_aligned16(a.kv.data, op, "kv");
+  Workspace ws;
+  ws.kv = a.kv.ptr<const uint16_t>();
+  ws.s_kv = p.s_kv;
+  ws.kv_stride = p.kv_row_stride;
+  ws.idx = a.indices.ptr<const int32_t>();
+  ws.idx_stride = p.idx_row_stride;
+  ws.len = a.topk_length.ptr<const int32_t>();
+  prefill_kernel<<<grid_of(h.T * h.H), 32 * kWarps, 0, as_stream(ctx.stream)>>>(h, ws);
+  DSV41KV_CUDA_CHECK_LAUNCH("prefill_kernel");
+}
+
+}  // namespace dsv41kv::detail::cuda

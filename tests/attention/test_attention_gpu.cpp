@@ -1,0 +1,150 @@
+// The CUDA sparse attention (sparse_decode over the paged caches, sparse_prefill over a bf16
+// workspace) against the binary64 reference with the SPEC 9.7 rule, and against the CPU backend
+// with the same rule, on fresh random calls: every record format of both caches, head counts
+// 8..128 (padded), s_q 1..6, empty and masked rows, sinks -inf / +inf, garbage past the lengths,
+// rows beyond T untouched.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "attention/decode_case.hpp"
+#include "support/gpu_util.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+class AttentionGpu : public GpuTest {};
+
+// A host cache's backing on the device (the same view with device bytes).
+struct DeviceCache {
+  DeviceBuffer<uint8_t> u8;
+  DeviceBuffer<uint16_t> bf16;
+  CacheView view;
+  explicit DeviceCache(const RandomCache& c) : view(c.view) {
+    if (c.view.format == RecordFormat::PLAIN_BF16) {
+      bf16.upload_new(c.bf16.vec());
+      view.base = bf16.data();
+    } else {
+      u8.upload_new(c.u8.vec());
+      view.base = u8.data();
+    }
+    view.device = Device::CUDA;
+  }
+};
+
+// The device outputs downloaded into host Outputs (canaries included).
+void download(const DeviceBuffer<uint16_t>& out, const DeviceBuffer<float>& lse, Outputs& o) {
+  const std::vector<uint16_t> a = out.download();
+  const std::vector<float> b = lse.download();
+  for (size_t i = 0; i < a.size(); ++i) o.out[i] = a[i];
+  for (size_t i = 0; i < b.size(); ++i) o.lse[i] = b[i];
+}
+
+TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
+  struct Shape {
+    int H, real, s_q, ratio;
+    int64_t T;
+  };
+  const RecordFormat swa_formats[] = {RecordFormat::V4_584, RecordFormat::MXFP8_528, RecordFormat::PLAIN_BF16,
+                                      RecordFormat::PLAIN_FP8};
+  for (const Shape sh : {Shape{64, 0, 2, 2, 12}, Shape{128, 64, 1, 1, 5}, Shape{8, 0, 6, 2, 12},
+                         Shape{16, 0, 3, 0, 9}})
+    for (RecordFormat sf : swa_formats)
+      for (RecordFormat cf : kAllRecordFormats) {
+        if (sh.ratio == 0 && cf != RecordFormat::V4_584) continue;
+        DecodeSpec s;
+        s.H = sh.H;
+        s.real_heads = sh.real;
+        s.s_q = sh.s_q;
+        s.ratio = sh.ratio;
+        s.T = sh.T;
+        s.swa_format = sf;
+        s.cmp_format = cf;
+        const std::string what = std::string(record_info(sf).name) + " + " + record_info(cf).name + " H " +
+                                 std::to_string(sh.H) + " r" + std::to_string(sh.ratio);
+        DecodeCase c = DecodeCase::make(s, rng());
+        Outputs cpu(s.T, s.H), gpu(s.T, s.H);
+        sparse_decode(c.args(cpu));
+        DeviceCache swa(*c.swa);
+        std::unique_ptr<DeviceCache> cmp;
+        if (s.ratio > 0) cmp = std::make_unique<DeviceCache>(*c.cmp);
+        DeviceBuffer<uint16_t> dq(c.q), dout(gpu.out.vec());
+        DeviceBuffer<float> dsink(c.sink), dlse(gpu.lse.vec());
+        DeviceBuffer<int32_t> dsi(c.swa_idx), dsl(c.swa_len);
+        DeviceBuffer<int32_t> dci(s.ratio > 0 ? c.cmp_idx : std::vector<int32_t>(1)),
+            dcl(s.ratio > 0 ? c.cmp_len : std::vector<int32_t>(1));
+        SparseDecodeArgs a = c.args(gpu);
+        const int64_t rows = s.T + s.extra_index_rows;
+        a.q = dq.view({s.T, s.H, kLatentDim});
+        a.swa_cache = swa.view;
+        a.swa_indices = dsi.view({rows, kSwaWindow});
+        a.swa_lens = dsl.view1();
+        if (s.ratio > 0) {
+          a.cmp_cache = cmp->view;
+          a.cmp_indices = dci.view({rows, kIndexTopk});
+          a.cmp_lens = dcl.view1();
+        }
+        a.sink = dsink.view1();
+        a.out = dout.view({s.T, s.H, kLatentDim});
+        a.lse = dlse.view({s.T, s.H});
+        sparse_decode(a);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        download(dout, dlse, gpu);
+        const Expected e = c.expected();
+        expect_agrees(gpu, e, "cuda " + what);
+        expect_agrees(cpu, e, "cpu " + what);
+      }
+}
+
+TEST_F(AttentionGpu, PrefillAgreesWithTheReference) {
+  for (const int H : {16, 64, 128}) {
+    const int64_t T = 9, s_kv = 700, topk = kPrefillIndexWidth;
+    std::vector<uint16_t> kv(static_cast<size_t>(s_kv * kLatentDim)), q(static_cast<size_t>(T * H * kLatentDim));
+    for (auto& v : kv) v = random_bf16_value(rng(), 3.0);
+    for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng().normal()));
+    std::vector<int32_t> idx(static_cast<size_t>(T * topk)), len(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      len[static_cast<size_t>(t)] = static_cast<int32_t>(t == 1 ? 0 : t == 2 ? topk : rng().integer(1, topk));
+      for (int64_t j = 0; j < topk; ++j) {
+        const int64_t k = rng().integer(0, 9);
+        idx[static_cast<size_t>(t * topk + j)] = static_cast<int32_t>(
+            t == 3 || k == 0 ? -1 : k == 1 ? rng().integer(s_kv, 1 << 20) : rng().integer(0, s_kv - 1));
+      }
+    }
+    std::vector<float> sink(static_cast<size_t>(H));
+    for (int h = 0; h < H; ++h)
+      sink[static_cast<size_t>(h)] = h == 2 ? kInf : h == 5 ? -kInf : static_cast<float>(rng().normal());
+    Outputs gpu(T, H);
+    DeviceBuffer<uint16_t> dq(q), dkv(kv), dout(gpu.out.vec());
+    DeviceBuffer<int32_t> didx(idx), dlen(len);
+    DeviceBuffer<float> dsink(sink), dlse(gpu.lse.vec());
+    SparsePrefillArgs a;
+    a.q = dq.view({T, H, kLatentDim});
+    a.kv = dkv.view({s_kv, kLatentDim});
+    a.indices = didx.view({T, topk});
+    a.topk_length = dlen.view1();
+    a.sink = dsink.view1();
+    a.softmax_scale = default_scale();
+    a.out = dout.view({T, H, kLatentDim});
+    a.lse = dlse.view({T, H});
+    sparse_prefill(a);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    download(dout, dlse, gpu);
+    Expected e;
+    e.H = H;
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<uint16_t> keys;
+      for (int32_t j = 0; j < len[static_cast<size_t>(t)]; ++j) {
+        const int32_t i = idx[static_cast<size_t>(t * topk + j)];
+        if (i >= 0 && i < s_kv) keys.insert(keys.end(), kv.begin() + i * kLatentDim, kv.begin() + (i + 1) * kLatentDim);
+      }
+      e.add(q.data() + t * H * kLatentDim, kLatentDim, keys, sink.data(), a.softmax_scale);
+    }
+    expect_agrees(gpu, e, "cuda prefill H " + std::to_string(H));
+  }
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
