@@ -1,5 +1,6 @@
 // Public attention API (attention.hpp): validate every argument on the host, then run the CPU
-// backend (cpu.cpp) or, for sparse_decode and sparse_prefill, the CUDA kernels (cuda/). Nothing is
+// backend (cpu.cpp) or, for sparse_decode, sparse_prefill and attention_output_rope, the CUDA
+// kernels (cuda/). Nothing is
 // written before all checks have passed; the other ops' views on a CUDA device pass the same view
 // checks and are then refused (no CUDA backend yet).
 #include "attention/backend.hpp"
@@ -44,9 +45,10 @@ void build_prefill_indices(const PrefillIndexArgs& args, const ExecContext& ctx)
 void attention_output_rope(const OutputRopeArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "attention_output_rope");
   const detail::OutputRopePlan p = detail::plan_output_rope(args);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       "attention_output_rope", p.device, p.T == 0, [&] { detail::check_output_rope_values(args, p); },
-      [&] { detail::cpu::attention_output_rope(args, p, ctx); });
+      [&] { detail::cpu::attention_output_rope(args, p, ctx); },
+      [&] { detail::cuda::attention_output_rope(args, p, ctx); });
 }
 
 }  // namespace dsv41kv

@@ -91,7 +91,7 @@ void indexer_shortcut_topk(const IndexerShortcutArgs& args, const ExecContext& c
   const detail::IndexerShortcutPlan p = detail::plan_indexer_shortcut(args);
   detail::dispatch(
       "indexer_shortcut_topk", p.device, p.T == 0, [&] { detail::check_indexer_shortcut_values(args, p); },
-      [&] { detail::cpu::indexer_shortcut(args, p, ctx); }, [] { no_backend("indexer_shortcut_topk"); });
+      [&] { detail::cpu::indexer_shortcut(args, p, ctx); }, [&] { detail::cuda::indexer_shortcut(args, p, ctx); });
 }
 
 }  // namespace dsv41kv

@@ -312,7 +312,7 @@ IndexerShortcutPlan plan_indexer_shortcut(const IndexerShortcutArgs& a) {
   if (a.token_valid.present()) need_token_vector(op, a.token_valid, "token_valid", p.T, "i32 [T], 0 = invalid token");
   need_index_rows(op, a.topk, "topk", kIndexTopk, p.T, "i32 [rows >= T, 512] top-k buffer");
   p.topk_stride = a.topk.stride[0];
-  need_one_device(op, p.device, "positions", {{&a.token_valid, "token_valid"}, {&a.topk, "topk"}});
+  need_one_device(op, p.device, "positions", {{&a.token_valid, "token_valid"}, {&a.topk, "topk"}}, nullptr, "", true);
   return p;
 }
 

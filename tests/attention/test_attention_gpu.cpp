@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/decode_case.hpp"
@@ -143,6 +144,49 @@ TEST_F(AttentionGpu, PrefillAgreesWithTheReference) {
       e.add(q.data() + t * H * kLatentDim, kLatentDim, keys, sink.data(), a.softmax_scale);
     }
     expect_agrees(gpu, e, "cuda prefill H " + std::to_string(H));
+  }
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
+
+namespace dsv41kv::test {
+namespace {
+
+// SPEC 9.6 on CUDA: bit for bit the CPU's inverse RoPE, padded heads dropped, in place.
+TEST_F(AttentionGpu, OutputRopeMatchesCpu) {
+  const int64_t T = 33, rows = 200;
+  for (const auto [H, real, in_place] : {std::tuple{64, 64, false}, std::tuple{128, 64, false}, std::tuple{8, 8, true}}) {
+    std::vector<uint16_t> o(static_cast<size_t>(T * H * kLatentDim));
+    for (auto& v : o) v = random_bf16_value(rng(), 2.0);
+    std::vector<float> table(static_cast<size_t>(rows * 64));
+    for (auto& v : table) v = static_cast<float>(rng().uniform(-1.0, 1.0));
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (auto& p : pos) p = rng().integer(0, rows - 1);
+    std::vector<uint16_t> out(static_cast<size_t>((T + 2) * real * kLatentDim), kOutCanary);
+    std::vector<uint16_t> ho = o;
+    DeviceBuffer<uint16_t> d_o(o), d_out(out);
+    DeviceBuffer<float> dtab(table);
+    DeviceBuffer<int64_t> dpos(pos);
+    OutputRopeArgs h, d;
+    h.o = TensorView::contiguous(ho.data(), DType::BF16, {T, H, kLatentDim});
+    h.num_real_heads = real;
+    h.positions = TensorView::contiguous(pos.data(), DType::I64, {T});
+    h.rope_table = TensorView::contiguous(table.data(), DType::F32, {rows, 64});
+    h.out = in_place ? h.o : TensorView::contiguous(out.data(), DType::BF16, {T + 2, real, kLatentDim});
+    d.o = d_o.view({T, H, kLatentDim});
+    d.num_real_heads = real;
+    d.positions = dpos.view1();
+    d.rope_table = dtab.view({rows, 64});
+    d.out = in_place ? d.o : d_out.view({T + 2, real, kLatentDim});
+    attention_output_rope(h);
+    attention_output_rope(d);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    if (in_place) {
+      EXPECT_TRUE(d_o.download() == ho) << "in place H " << H;
+    } else {
+      EXPECT_TRUE(d_out.download() == out) << "H " << H << " real " << real;
+    }
   }
 }
 

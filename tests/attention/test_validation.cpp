@@ -325,7 +325,11 @@ TEST_F(Validation, OutputRope) {
       {"table width", [](OutputRopeArgs& a) { a.rope_table.shape[1] = 32; }, "rope_table: shape[1] = 32, expected 64"},
       {"o head size", [](OutputRopeArgs& a) { a.o.shape[2] = 256; }, "o: shape[2] = 256, expected 512"},
       {"in place with other strides", [&](OutputRopeArgs& a) { a.out = TensorView::contiguous(o.data(), DType::BF16, {T, 8, kLatentDim}); }, "out: shares its data with o but has strides [4096, 512] instead of o's [8192, 512]"},
-      {"cuda", [](OutputRopeArgs& a) { for (TensorView* v : {&a.o, &a.positions, &a.rope_table, &a.out}) v->device = Device::CUDA; }, "attention_output_rope has no CUDA backend yet"},
+      {"cuda", [](OutputRopeArgs& a) {
+         for (TensorView* v : {&a.o, &a.positions, &a.rope_table, &a.out}) v->device = Device::CUDA;
+         a.out.stride[1] = 516;  // a CUDA build dispatches valid device views: refused before any launch
+         a.out.stride[0] = 516 * a.out.shape[1]; },
+       built_with_cuda() ? "attention_output_rope: out: strides" : "attention_output_rope: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   for (const auto& bad : cases) {
     SCOPED_TRACE(bad.name);

@@ -114,3 +114,36 @@ TEST_F(IndexerGpu, PrepareQMatchesCpu) {
 
 }  // namespace
 }  // namespace dsv41kv::test
+
+namespace dsv41kv::test {
+namespace {
+
+TEST_F(IndexerGpu, ShortcutMatchesCpu) {
+  for (int r : {1, 2}) {
+    const int64_t T = 41;
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    std::vector<int32_t> valid(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      pos[static_cast<size_t>(t)] = rng().integer(0, 512 * r - 1);
+      valid[static_cast<size_t>(t)] = t % 6 == 2 ? 0 : 1;
+    }
+    std::vector<int32_t> topk(static_cast<size_t>((T + 3) * 520), 12345);
+    DeviceBuffer<int64_t> dpos(pos);
+    DeviceBuffer<int32_t> dvalid(valid), dtopk(topk);
+    IndexerShortcutArgs h, d;
+    h.ratio = d.ratio = r;
+    h.positions = TensorView::contiguous(pos.data(), DType::I64, {T});
+    h.token_valid = TensorView::contiguous(valid.data(), DType::I32, {T});
+    h.topk = TensorView::strided(topk.data(), DType::I32, {T + 3, 512}, {520, 1});
+    d.positions = dpos.view1();
+    d.token_valid = dvalid.view1();
+    d.topk = dtopk.strided({T + 3, 512}, {520, 1});
+    indexer_shortcut_topk(h);
+    indexer_shortcut_topk(d);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dtopk.download() == topk) << "ratio " << r;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41kv::test

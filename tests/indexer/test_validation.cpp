@@ -292,7 +292,9 @@ TEST(IndexerValidation, Shortcut) {
   b.topk.device = Device::CUDA;
   b.positions.device = Device::CUDA;
   b.token_valid.device = Device::CUDA;
-  expect(b, "indexer_shortcut_topk: the views are on cuda, but the indexer has no CUDA backend yet");
+  b.topk.dtype = DType::I64;  // a CUDA build dispatches valid device views: refused before any launch
+  expect(b, built_with_cuda() ? "indexer_shortcut_topk: topk: dtype i64"
+                              : "indexer_shortcut_topk: the views are on cuda, but dsv41kv was built without CUDA");
   pos[2] = 512;
   expect(a, "positions[2] = 512 sees n_c = 513 entries, expected n_c <= 512 for the shortcut");
   pos[2] = -1;

@@ -157,6 +157,49 @@ __global__ void __launch_bounds__(32 * kWarps) prefill_kernel(const Heads p, con
   finish(p, t, h, lane, row);
 }
 
+// SPEC 9.6: one warp per (token, real head); the NoPE lanes copy their bits, the RoPE lanes rotate
+// back with num::rope_inverse (formats/rope_bf16.hpp's inverse on the host) and round to bf16. Each
+// lane reads its dims before writing them (in place allowed). A row whose position has no table row
+// is not written.
+struct OutRope {
+  const uint16_t* o = nullptr;
+  int64_t o_tok = 0, o_head = 0;
+  uint16_t* out = nullptr;
+  int64_t out_tok = 0, out_head = 0;
+  const int64_t* pos = nullptr;
+  const float* table = nullptr;
+  int64_t table_rows = 0, T = 0;
+  int H_real = 0;
+};
+
+__global__ void __launch_bounds__(32 * kWarps) output_rope_kernel(const OutRope p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= p.T * p.H_real) return;
+  const int64_t t = w / p.H_real;
+  const int h = static_cast<int>(w % p.H_real);
+  const int64_t pos = p.pos[t];
+  if (pos < 0 || pos >= p.table_rows) return;
+  const int d0 = 16 * lane;
+  float x[16];
+  uint16_t o[16];
+  load_bf16<16>(p.o + t * p.o_tok + h * p.o_head + d0, x, o);
+  if (d0 >= kNopeDim) {
+    float c[8], s[8];
+    rope_load<16>(d0, p.table + pos * kRopeDim, c, s);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      float y0, y1;
+      num::rope_inverse(x[2 * i], x[2 * i + 1], c[i], s[i], y0, y1);
+      o[2 * i] = num::bf16_encode(y0);
+      o[2 * i + 1] = num::bf16_encode(y1);
+    }
+  }
+  uint32_t wv[8];
+  pack_bf16<16>(o, wv);
+  store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + d0), wv);
+}
+
 // q, out: 16-byte rows (the warp's vector loads and stores).
 void need_vector_rows(const char* op, const TensorView& v, const char* arg) {
   if (v.stride[0] % 8 != 0 || (v.ndim > 2 && v.stride[1] % 8 != 0))
@@ -234,6 +277,27 @@ void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const Exec
   ws.len = a.topk_length.ptr<const int32_t>();
   prefill_kernel<<<grid_of(h.T * h.H), 32 * kWarps, 0, as_stream(ctx.stream)>>>(h, ws);
   DSV41KV_CUDA_CHECK_LAUNCH("prefill_kernel");
+}
+
+void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, const ExecContext& ctx) {
+  const char* op = "attention_output_rope";
+  need_vector_rows(op, a.o, "o");
+  need_vector_rows(op, a.out, "out");
+  require_aligned16(a.rope_table.data, op, "rope_table");
+  OutRope k;
+  k.o = a.o.ptr<const uint16_t>();
+  k.o_tok = p.o_tok;
+  k.o_head = p.o_head;
+  k.out = a.out.ptr<uint16_t>();
+  k.out_tok = p.out_tok;
+  k.out_head = p.out_head;
+  k.pos = a.positions.ptr<const int64_t>();
+  k.table = a.rope_table.ptr<const float>();
+  k.table_rows = p.table_rows;
+  k.T = p.T;
+  k.H_real = p.H_real;
+  output_rope_kernel<<<grid_of(p.T * p.H_real), 32 * kWarps, 0, as_stream(ctx.stream)>>>(k);
+  DSV41KV_CUDA_CHECK_LAUNCH("output_rope_kernel");
 }
 
 }  // namespace dsv41kv::detail::cuda

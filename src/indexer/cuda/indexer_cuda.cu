@@ -75,7 +75,29 @@ __global__ void __launch_bounds__(128) q_prep_kernel(const QPrepParams p) {
                               p.q8 + row * kIndexHeadDim);
 }
 
+// SPEC 8.6: topk[t][j] = j for j < n_c(p_t), -1 after; an invalid token's row all -1. A row whose
+// n_c exceeds 512 is not written (the host refuses it for host views).
+__global__ void __launch_bounds__(256) shortcut_kernel(const int64_t* pos, const int32_t* valid, int64_t T, int ratio,
+                                                       int32_t* topk, int64_t stride) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= T * kIndexTopk) return;
+  const int64_t t = i / kIndexTopk, j = i % kIndexTopk;
+  const bool ok = valid == nullptr || valid[t] != 0;
+  const int64_t nc = ok ? closed_groups(pos[t] + 1, int64_t{ratio}) : 0;
+  if (nc > kIndexTopk) return;
+  topk[t * stride + j] = j < nc ? static_cast<int32_t>(j) : -1;
+}
+
 }  // namespace
+
+void indexer_shortcut(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p, const ExecContext& ctx) {
+  if (p.T == 0) return;
+  const int64_t n = p.T * kIndexTopk;
+  shortcut_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, as_stream(ctx.stream)>>>(
+      a.positions.ptr<const int64_t>(), a.token_valid.present() ? a.token_valid.ptr<const int32_t>() : nullptr, p.T,
+      a.ratio, a.topk.ptr<int32_t>(), p.topk_stride);
+  DSV41KV_CUDA_CHECK_LAUNCH("shortcut_kernel");
+}
 
 void index_k_store(const IndexKStoreArgs& a, const IndexKStorePlan& p, const ExecContext& ctx) {
   if (p.N == 0) return;
