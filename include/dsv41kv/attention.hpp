@@ -4,9 +4,12 @@
 // attention), and the output inverse RoPE (9.6).
 //
 // Every function validates all of its arguments on the host before touching any output and
-// throws dsv41kv::Error (E8) naming the argument, the value and what was expected. These ops have
-// a CPU backend only for now: CUDA views are an E8 saying so (the Hopper kernels come later).
-// The CPU backend is multi-threaded (ctx.num_threads) and its results do not depend on the
+// throws dsv41kv::Error (E8) naming the argument, the value and what was expected. CUDA views run
+// CUDA kernels on ctx.stream (correctness-first forms so far: the attention within SPEC 9.7 of the
+// CPU, the gather, the index rows and the inverse RoPE bit for bit); their rows of 512 bf16 values
+// must be 16-byte aligned with strides that are multiples of 8 elements (E8), and values in device
+// memory (slots, lengths, page ids) are not read on the host: an index a kernel cannot use is
+// masked or not written. The CPU backend is multi-threaded (ctx.num_threads) and its results do not depend on the
 // thread count or on the decode schedule's split: every output is bit-identical whatever they are.
 //
 // Numerics (SPEC 9.2, 9.7; docs/numerics.md): fp32 scores and accumulators, exp in binary64

@@ -1,8 +1,6 @@
 // Public attention API (attention.hpp): validate every argument on the host, then run the CPU
-// backend (cpu.cpp) or, for sparse_decode, sparse_prefill and attention_output_rope, the CUDA
-// kernels (cuda/). Nothing is
-// written before all checks have passed; the other ops' views on a CUDA device pass the same view
-// checks and are then refused (no CUDA backend yet).
+// backend (cpu.cpp) or the CUDA kernels (cuda/) by the device of the views. Nothing is written
+// before all checks have passed; values in device memory are not read on the host.
 #include "attention/backend.hpp"
 #include "attention/cuda/backend_cuda.hpp"
 #include "core/dispatch.hpp"
@@ -28,18 +26,20 @@ void sparse_prefill(const SparsePrefillArgs& args, const ExecContext& ctx) {
 void gather_prefill_workspace(const WorkspaceGatherArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "gather_prefill_workspace");
   const detail::GatherPlan p = detail::plan_prefill_gather(args);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       "gather_prefill_workspace", p.device, args.chunk.num_reqs() == 0,
       [&] { detail::check_prefill_gather_values(args, p); },
-      [&] { detail::cpu::gather_prefill_workspace(args, p, ctx); });
+      [&] { detail::cpu::gather_prefill_workspace(args, p, ctx); },
+      [&] { detail::cuda::gather_prefill_workspace(args, p, ctx); });
 }
 
 void build_prefill_indices(const PrefillIndexArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "build_prefill_indices");
   const detail::IndexPlan p = detail::plan_prefill_indices(args);
-  detail::dispatch_cpu_only(
+  detail::dispatch(
       "build_prefill_indices", p.device, p.T == 0, [&] { detail::check_prefill_index_values(args, p); },
-      [&] { detail::cpu::build_prefill_indices(args, p, ctx); });
+      [&] { detail::cpu::build_prefill_indices(args, p, ctx); },
+      [&] { detail::cuda::build_prefill_indices(args, p, ctx); });
 }
 
 void attention_output_rope(const OutputRopeArgs& args, const ExecContext& ctx) {

@@ -192,3 +192,113 @@ TEST_F(AttentionGpu, OutputRopeMatchesCpu) {
 
 }  // namespace
 }  // namespace dsv41kv::test
+
+namespace dsv41kv::test {
+namespace {
+
+// SPEC 9.5 steps 1-2 on CUDA, bit for bit the CPU's, and the whole prefill chain on the device
+// (gather -> index rows -> attention) within SPEC 9.7 of the CPU chain.
+TEST_F(AttentionGpu, PrefillChainMatchesCpu) {
+  for (int ratio : {0, 1, 2}) {
+    // three prefill requests over paged caches
+    const int64_t swa_S = 32, cmp_S = ratio > 0 ? 64 / ratio : 1, R = 3;
+    RandomCache swa(RecordFormat::V4_584, swa_S, 40, 0, rng());
+    std::unique_ptr<RandomCache> cmp;
+    if (ratio > 0) cmp = std::make_unique<RandomCache>(RecordFormat::MXFP8_528, cmp_S, 30, 0, rng());
+    std::vector<int32_t> seq = {300, 77, 160}, qlen = {40, 77, 9}, G(3), g0(3);
+    for (int64_t b = 0; b < R; ++b) {
+      const int64_t prefix = seq[static_cast<size_t>(b)] - qlen[static_cast<size_t>(b)];
+      G[static_cast<size_t>(b)] = static_cast<int32_t>(qlen[static_cast<size_t>(b)] + std::min<int64_t>(prefix, 127));
+      g0[static_cast<size_t>(b)] = seq[static_cast<size_t>(b)] - G[static_cast<size_t>(b)];
+    }
+    const int64_t swa_cols = 12, cmp_cols = 12;
+    std::vector<int32_t> swa_bt(static_cast<size_t>(R * swa_cols)), cmp_bt(static_cast<size_t>(R * cmp_cols));
+    for (auto& v : swa_bt) v = static_cast<int32_t>(rng().integer(0, 39));
+    for (auto& v : cmp_bt) v = static_cast<int32_t>(rng().integer(0, 29));
+    PrefillChunkArgs pa;
+    pa.ratio = ratio;
+    pa.max_model_len = 400;
+    pa.max_num_batched_tokens = 200;
+    pa.seq_lens = view_of(seq);
+    pa.gather_lens = view_of(G);
+    const std::vector<PrefillChunk> chunks = plan_prefill_chunks(pa);
+    ASSERT_FALSE(chunks.empty());
+    const PrefillChunk c = chunks[0];
+    const int64_t ws_rows = c.num_reqs() * c.m_ch;
+    std::vector<uint16_t> ws(static_cast<size_t>(ws_rows * kLatentDim), kOutCanary);
+    DeviceCache dswa(swa);
+    std::unique_ptr<DeviceCache> dcmp;
+    if (ratio > 0) dcmp = std::make_unique<DeviceCache>(*cmp);
+    DeviceBuffer<int32_t> dseq(seq), dG(G), dg0(g0), dsbt(swa_bt), dcbt(cmp_bt);
+    DeviceBuffer<uint16_t> dws(ws);
+    WorkspaceGatherArgs h;
+    h.ratio = ratio;
+    h.chunk = c;
+    h.seq_lens = view_of(seq);
+    h.gather_lens = view_of(G);
+    h.gather_starts = view_of(g0);
+    h.swa_cache = swa.view;
+    h.swa_block_table = TensorView::contiguous(swa_bt.data(), DType::I32, {R, swa_cols});
+    if (ratio > 0) {
+      h.cmp_cache = cmp->view;
+      h.cmp_block_table = TensorView::contiguous(cmp_bt.data(), DType::I32, {R, cmp_cols});
+    }
+    h.workspace = TensorView::contiguous(ws.data(), DType::BF16, {ws_rows, kLatentDim});
+    WorkspaceGatherArgs d = h;
+    d.seq_lens = dseq.view1();
+    d.gather_lens = dG.view1();
+    d.gather_starts = dg0.view1();
+    d.swa_cache = dswa.view;
+    d.swa_block_table = dsbt.view({R, swa_cols});
+    if (ratio > 0) {
+      d.cmp_cache = dcmp->view;
+      d.cmp_block_table = dcbt.view({R, cmp_cols});
+    }
+    d.workspace = dws.view({ws_rows, kLatentDim});
+    gather_prefill_workspace(h);
+    gather_prefill_workspace(d);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(dws.download() == ws) << "workspace, ratio " << ratio;
+    // the index rows of the chunk's query tokens
+    std::vector<int64_t> pos;
+    std::vector<int32_t> t2r;
+    for (int64_t b = c.req_begin; b < c.req_end; ++b)
+      for (int64_t i = 0; i < qlen[static_cast<size_t>(b)]; ++i) {
+        pos.push_back(seq[static_cast<size_t>(b)] - qlen[static_cast<size_t>(b)] + i);
+        t2r.push_back(static_cast<int32_t>(b));
+      }
+    const auto T = static_cast<int64_t>(pos.size());
+    std::vector<int32_t> topk(static_cast<size_t>(T * kIndexTopk));
+    for (auto& v : topk) v = static_cast<int32_t>(rng().integer(-1, 200));
+    std::vector<int32_t> idx(static_cast<size_t>((T + 1) * kPrefillIndexWidth), 7777), len(static_cast<size_t>(T + 1), 7777);
+    DeviceBuffer<int64_t> dpos(pos);
+    DeviceBuffer<int32_t> dt2r(t2r), dtopk(topk), didx(idx), dlen(len);
+    PrefillIndexArgs hi;
+    hi.ratio = ratio;
+    hi.chunk = c;
+    hi.positions = view_of(pos);
+    hi.token_to_req = view_of(t2r);
+    hi.gather_lens = view_of(G);
+    hi.gather_starts = view_of(g0);
+    if (ratio > 0) hi.topk = TensorView::contiguous(topk.data(), DType::I32, {T, kIndexTopk});
+    hi.indices = TensorView::contiguous(idx.data(), DType::I32, {T + 1, kPrefillIndexWidth});
+    hi.lengths = TensorView::contiguous(len.data(), DType::I32, {T + 1});
+    PrefillIndexArgs di = hi;
+    di.positions = dpos.view1();
+    di.token_to_req = dt2r.view1();
+    di.gather_lens = dG.view1();
+    di.gather_starts = dg0.view1();
+    if (ratio > 0) di.topk = dtopk.view({T, kIndexTopk});
+    di.indices = didx.view({T + 1, kPrefillIndexWidth});
+    di.lengths = dlen.view1();
+    hi.indices.shape[0] = di.indices.shape[0] = T + 1;
+    build_prefill_indices(hi);
+    build_prefill_indices(di);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(didx.download() == idx) << "index rows, ratio " << ratio;
+    EXPECT_TRUE(dlen.download() == len) << "lengths, ratio " << ratio;
+  }
+}
+
+}  // namespace
+}  // namespace dsv41kv::test

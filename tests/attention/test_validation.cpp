@@ -205,7 +205,10 @@ TEST_F(Validation, PrefillGather) {
       {"swa cache 288", [](WorkspaceGatherArgs& a) { a.swa_cache.format = RecordFormat::NVFP4_288; a.swa_cache.page_stride = 9216; }, "swa_cache: format nvfp4_288"},
       {"cuda", [](WorkspaceGatherArgs& a) {
          for (TensorView* v : {&a.seq_lens, &a.gather_lens, &a.gather_starts, &a.swa_block_table, &a.cmp_block_table, &a.workspace}) v->device = Device::CUDA;
-         a.swa_cache.device = a.cmp_cache.device = Device::CUDA; }, "gather_prefill_workspace has no CUDA backend yet"},
+         a.swa_cache.device = a.cmp_cache.device = Device::CUDA;
+         a.workspace.stride[0] = 516; },  // a CUDA build dispatches valid device views: refused before any launch
+       built_with_cuda() ? "gather_prefill_workspace: workspace: row stride 516"
+                         : "gather_prefill_workspace: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   auto run = [&](const std::function<void(WorkspaceGatherArgs&)>& mutate, CanaryBuffer<uint16_t>& ws) {
     seq = {70, 60};
@@ -256,8 +259,10 @@ TEST_F(Validation, PrefillIndices) {
       {"topk for ratio 0", [](PrefillIndexArgs& a) { a.ratio = 0; a.chunk.n_ch = 0; }, "topk: present, expected absent for ratio 0"},
       {"positions dtype", [](PrefillIndexArgs& a) { a.positions.dtype = DType::I32; }, "positions: dtype i32, expected i64"},
       {"cuda", [](PrefillIndexArgs& a) {
-         for (TensorView* v : {&a.positions, &a.token_to_req, &a.gather_lens, &a.gather_starts, &a.topk, &a.indices, &a.lengths}) v->device = Device::CUDA; },
-       "build_prefill_indices has no CUDA backend yet"},
+         for (TensorView* v : {&a.positions, &a.token_to_req, &a.gather_lens, &a.gather_starts, &a.topk, &a.indices, &a.lengths}) v->device = Device::CUDA;
+         if (built_with_cuda()) a.lengths.dtype = DType::I64; },  // valid device views would be dispatched
+       built_with_cuda() ? "build_prefill_indices: lengths: dtype i64"
+                         : "build_prefill_indices: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   auto run = [&](const std::function<void(PrefillIndexArgs&)>& mutate, CanaryBuffer<int32_t>& idx,
                  CanaryBuffer<int32_t>& len) {

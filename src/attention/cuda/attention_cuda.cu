@@ -200,6 +200,83 @@ __global__ void __launch_bounds__(32 * kWarps) output_rope_kernel(const OutRope 
   store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + d0), wv);
 }
 
+// SPEC 9.5 step 1: one warp per workspace row of the chunk: row bi * M_ch + k holds compressed
+// entry k < N_b of request b, row bi * M_ch + N_ch + k the SWA token at gather_start_b + k, k < G_b;
+// every other row is left untouched. A page id outside the cache is not read (the host refuses
+// it for host views).
+struct Gather {
+  int ratio = 0;
+  int64_t req_begin = 0, nr = 0, n_ch = 0, m_ch = 0;
+  const int32_t *seq = nullptr, *gl = nullptr, *gs = nullptr;
+  const int32_t* swa_bt = nullptr;
+  int64_t swa_bt_stride = 0;
+  const int32_t* cmp_bt = nullptr;
+  int64_t cmp_bt_stride = 0;
+  CacheList swa, cmp;  // the caches (idx, len unused)
+  int64_t swa_pages = 0, cmp_pages = 0;
+  uint16_t* ws = nullptr;
+  int64_t ws_stride = 0;
+};
+
+template <int FS, int FC>
+__global__ void __launch_bounds__(32 * kWarps) gather_kernel(const Gather p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (w >= p.nr * p.m_ch) return;
+  const int64_t bi = w / p.m_ch, k = w % p.m_ch, b = p.req_begin + bi;
+  const int64_t N = p.ratio > 0 ? closed_groups(int64_t{p.seq[b]}, int64_t{p.ratio}) : 0;
+  const bool cmp = k < p.n_ch;
+  const int64_t e = cmp ? k : k - p.n_ch;  // the compressed entry, or the k-th gathered SWA token
+  if (cmp ? e >= N : e >= p.gl[b]) return;
+  const CacheList& c = cmp ? p.cmp : p.swa;
+  const int64_t x = cmp ? e : p.gs[b] + e;
+  const int32_t page = cmp ? p.cmp_bt[b * p.cmp_bt_stride + x / c.S] : p.swa_bt[b * p.swa_bt_stride + x / c.S];
+  if (page < 0 || page >= (cmp ? p.cmp_pages : p.swa_pages)) return;
+  uint16_t o[16];
+  if (cmp)
+    read_record_dims<FC, 16>(c.base + page * c.page_stride, c.S, x % c.S, c.row_stride, c.fp8_scale, 16 * lane, o);
+  else
+    read_record_dims<FS, 16>(c.base + page * c.page_stride, c.S, x % c.S, c.row_stride, c.fp8_scale, 16 * lane, o);
+  uint32_t wv[8];
+  pack_bf16<16>(o, wv);
+  store_words<8>(reinterpret_cast<uint8_t*>(p.ws + (bi * p.m_ch + k) * p.ws_stride + 16 * lane), wv);
+}
+
+// SPEC 9.5 step 2: one warp per query token, its 640 entries lane-strided.
+struct Index {
+  int ratio = 0;
+  int64_t req_begin = 0, n_ch = 0, m_ch = 0, T = 0;
+  const int64_t* pos = nullptr;
+  const int32_t *t2r = nullptr, *gs = nullptr;
+  const int32_t* topk = nullptr;
+  int64_t topk_stride = 0;
+  int32_t* idx = nullptr;
+  int64_t idx_stride = 0;
+  int32_t* len = nullptr;
+};
+
+__global__ void __launch_bounds__(32 * kWarps) index_kernel(const Index p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (t >= p.T) return;
+  const int64_t bi = p.t2r[t] - p.req_begin, g0 = p.gs[p.t2r[t]], pt = p.pos[t], base = p.m_ch * bi;
+  const int64_t nc = p.ratio > 0 ? closed_groups(pt + 1, int64_t{p.ratio}) : 0;
+  const int64_t topk_len = nc < kIndexTopk ? nc : kIndexTopk;
+  const int64_t ws0 = swa_window_start(pt), swa_start = ws0 > g0 ? ws0 : g0, swa_len = pt - swa_start + 1;
+  int32_t* row = p.idx + t * p.idx_stride;
+  for (int64_t j = lane; j < kPrefillIndexWidth; j += 32) {
+    int32_t v = -1;
+    if (j < topk_len) {
+      const int32_t i = p.topk[t * p.topk_stride + j];
+      if (i >= 0 && i < p.n_ch) v = static_cast<int32_t>(base + i);
+    } else if (j < topk_len + swa_len) {
+      v = static_cast<int32_t>(base + p.n_ch + (swa_start - g0) + (j - topk_len));
+    }
+    row[j] = v;
+  }
+  if (lane == 0) p.len[t] = static_cast<int32_t>(topk_len + swa_len);
+}
+
 // q, out: 16-byte rows (the warp's vector loads and stores).
 void need_vector_rows(const char* op, const TensorView& v, const char* arg) {
   if (v.stride[0] % 8 != 0 || (v.ndim > 2 && v.stride[1] % 8 != 0))
@@ -298,6 +375,63 @@ void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, con
   k.H_real = p.H_real;
   output_rope_kernel<<<grid_of(p.T * p.H_real), 32 * kWarps, 0, as_stream(ctx.stream)>>>(k);
   DSV41KV_CUDA_CHECK_LAUNCH("output_rope_kernel");
+}
+
+void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p, const ExecContext& ctx) {
+  const char* op = "gather_prefill_workspace";
+  if (p.ws_row_stride % 8 != 0)
+    bad_arg(op, "workspace", "row stride " + std::to_string(p.ws_row_stride) + ", expected a multiple of 8 on cuda");
+  require_aligned16(a.workspace.data, op, "workspace");
+  Gather g;
+  g.ratio = a.ratio;
+  g.req_begin = a.chunk.req_begin;
+  g.nr = a.chunk.num_reqs();
+  g.n_ch = a.chunk.n_ch;
+  g.m_ch = a.chunk.m_ch;
+  g.seq = a.seq_lens.ptr<const int32_t>();
+  g.gl = a.gather_lens.ptr<const int32_t>();
+  g.gs = a.gather_starts.ptr<const int32_t>();
+  g.swa_bt = a.swa_block_table.ptr<const int32_t>();
+  g.swa_bt_stride = p.swa_bt_stride;
+  g.swa = list_of(a.swa_cache, TensorView{}, TensorView{});
+  g.swa_pages = a.swa_cache.num_pages;
+  RecordFormat fc = a.swa_cache.format;
+  if (a.ratio > 0) {
+    g.cmp_bt = a.cmp_block_table.ptr<const int32_t>();
+    g.cmp_bt_stride = p.cmp_bt_stride;
+    g.cmp = list_of(a.cmp_cache, TensorView{}, TensorView{});
+    g.cmp_pages = a.cmp_cache.num_pages;
+    fc = a.cmp_cache.format;
+  }
+  g.ws = a.workspace.ptr<uint16_t>();
+  g.ws_stride = p.ws_row_stride;
+  with_record_format(a.swa_cache.format, [&](auto FS) {
+    with_record_format(fc, [&](auto FC) {
+      gather_kernel<FS(), FC()><<<grid_of(g.nr * g.m_ch), 32 * kWarps, 0, as_stream(ctx.stream)>>>(g);
+    });
+  });
+  DSV41KV_CUDA_CHECK_LAUNCH("gather_kernel");
+}
+
+void build_prefill_indices(const PrefillIndexArgs& a, const IndexPlan& p, const ExecContext& ctx) {
+  Index k;
+  k.ratio = a.ratio;
+  k.req_begin = a.chunk.req_begin;
+  k.n_ch = a.chunk.n_ch;
+  k.m_ch = a.chunk.m_ch;
+  k.T = p.T;
+  k.pos = a.positions.ptr<const int64_t>();
+  k.t2r = a.token_to_req.ptr<const int32_t>();
+  k.gs = a.gather_starts.ptr<const int32_t>();
+  if (a.ratio > 0) {
+    k.topk = a.topk.ptr<const int32_t>();
+    k.topk_stride = p.topk_row_stride;
+  }
+  k.idx = a.indices.ptr<int32_t>();
+  k.idx_stride = p.idx_row_stride;
+  k.len = a.lengths.ptr<int32_t>();
+  index_kernel<<<grid_of(p.T), 32 * kWarps, 0, as_stream(ctx.stream)>>>(k);
+  DSV41KV_CUDA_CHECK_LAUNCH("index_kernel");
 }
 
 }  // namespace dsv41kv::detail::cuda
