@@ -1,7 +1,6 @@
 // Public indexer API (indexer.hpp): validate every argument on the host (plan.cpp), then run the
-// CPU backend (cpu.cpp) or, for the index-K store and the Q preparation, the CUDA kernels
-// (cuda/). Nothing is written before all checks have passed. The scores' and the top-k's plans
-// reject views on a CUDA device (no CUDA backend yet).
+// CPU backend (cpu.cpp) or the CUDA kernels (cuda/) by the device of the views. Nothing is
+// written before all checks have passed; values in device memory are not read on the host.
 #include "dsv41kv/indexer.hpp"
 
 #include <fmt/format.h>
@@ -46,12 +45,6 @@ const char* indexer_role_name(IndexerRole r) {
   return "unknown";
 }
 
-namespace {
-// The plans have rejected CUDA views; a CUDA build's dispatch names the op if one ever arrives.
-[[noreturn]] void no_backend(const char* op) {
-  invalid_argument(fmt::format("{}: the indexer has no CUDA backend yet, expected cpu views", op));
-}
-}  // namespace
 
 void indexer_k_store(const IndexKStoreArgs& args, const ExecContext& ctx) {
   detail::check_exec_context(ctx, "indexer_k_store");
@@ -74,7 +67,7 @@ void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx) {
   const detail::IndexerTopkPlan p = detail::plan_indexer_topk(args);
   detail::dispatch(
       "indexer_topk", p.device, p.T == 0, [&] { detail::check_indexer_topk_values(args, p); },
-      [&] { detail::cpu::indexer_topk(args, p, ctx); }, [] { no_backend("indexer_topk"); });
+      [&] { detail::cpu::indexer_topk(args, p, ctx); }, [&] { detail::cuda::indexer_topk(args, p, ctx); });
 }
 
 bool indexer_takes_shortcut(int64_t max_seq_len_in_batch, int ratio, bool capturing_cuda_graph) {

@@ -239,7 +239,10 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
                   {{&a.token_to_req, "token_to_req"}, {&a.token_valid, "token_valid"}, {&a.q8, "q8"}, {&a.w, "w"},
                    {&a.block_table, "block_table"}, {&a.topk, "topk"}, {&a.candidates, "candidates"},
                    {&a.scores, "scores"}},
-                  &a.k_cache, "k_cache");
+                  &a.k_cache, "k_cache", true);
+  // CUDA: the scores are the kernels' workspace (the select pass reads them back): required
+  if (p.device != Device::CPU && !a.scores.present())
+    bad_arg(op, "scores", "absent, expected f32 [rows >= T, cols >= the largest n_c] on cuda: the scores' workspace");
   return p;
 }
 

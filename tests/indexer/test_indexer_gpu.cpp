@@ -147,3 +147,70 @@ TEST_F(IndexerGpu, ShortcutMatchesCpu) {
 
 }  // namespace
 }  // namespace dsv41kv::test
+
+#include "indexer/indexer_step.hpp"
+
+namespace dsv41kv::test {
+namespace {
+
+// The step's views on the device (the same shapes), run, and its outputs downloaded back.
+struct DeviceStep {
+  DeviceBuffer<uint8_t> q8, kcache;
+  DeviceBuffer<float> w, scores;
+  DeviceBuffer<int64_t> pos;
+  DeviceBuffer<int32_t> req, valid, bt, topk, cand;
+  explicit DeviceStep(const IndexerStep& s)
+      : q8(s.q8), kcache(s.kcache), w(s.w), scores(s.scores.vec()), pos(s.pos), req(s.req), valid(s.valid), bt(s.bt),
+        topk(s.topk.vec()), cand(s.cand.vec()) {}
+  IndexerTopkArgs args(IndexerStep& s, IndexerRole role) {
+    IndexerTopkArgs a = s.args(role);
+    a.q8 = q8.view({s.T, kIndexHeads, kIndexHeadDim});
+    a.w = w.view({s.T, kIndexHeads});
+    a.positions = pos.view1();
+    a.token_to_req = req.view1();
+    a.token_valid = valid.view1();
+    a.block_table = bt.view({s.num_reqs, s.bt_cols});
+    a.k_cache.base = kcache.data();
+    a.k_cache.device = Device::CUDA;
+    a.topk = topk.view({s.T + 2, kIndexTopk});
+    if (role != IndexerRole::kPlain) a.candidates = cand.view({s.T + 2, kCandidateTopkBlocks});
+    a.scores = scores.view({s.T + 1, s.scores_cols});
+    return a;
+  }
+};
+
+// The scores are bit for bit the CPU's (the same binary64 evaluation), so the top-k rows and the
+// candidate blocks are the same rows, ties included; rows past the step stay untouched.
+TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
+  for (int ratio : {1, 2}) {
+    IndexerStep s = make_step(rng(), ratio, {{16383 * ratio + ratio - 1, 3}, {700, 2}, {3000, 1}, {5, 2}}, 64 / ratio, {3});
+    for (int t = 0; t < 40; ++t) s.q8[static_cast<size_t>(t)] = 0;  // zero products: ties
+    DeviceStep src(s);
+    indexer_topk(s.args(IndexerRole::kCandidateSource));
+    indexer_topk(src.args(s, IndexerRole::kCandidateSource));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::string r = " ratio " + std::to_string(ratio);
+    EXPECT_TRUE(bits_equal(s.scores.vec(), src.scores.download(), "source scores" + r));
+    EXPECT_TRUE(bits_equal(s.topk.vec(), src.topk.download(), "source topk" + r));
+    EXPECT_TRUE(bits_equal(s.cand.vec(), src.cand.download(), "candidates" + r));
+    // a consumer with its own query, masked to the source's blocks; a plain layer
+    IndexerStep c = s;
+    for (auto& x : c.q8) x = random_e4m3(rng());
+    c.reset_outputs();
+    c.cand.vec() = s.cand.vec();
+    for (IndexerRole role : {IndexerRole::kCandidateConsumer, IndexerRole::kPlain}) {
+      IndexerStep h = c;
+      DeviceStep d(h);
+      indexer_topk(h.args(role));
+      indexer_topk(d.args(h, role));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::string what = std::string(indexer_role_name(role)) + r;
+      EXPECT_TRUE(bits_equal(h.scores.vec(), d.scores.download(), what + ": scores"));
+      EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), what + ": topk"));
+      EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), what + ": candidates untouched"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsv41kv::test

@@ -1,6 +1,5 @@
 // The indexer's CUDA backend entry points (indexer_cuda.cu): validated arguments and plans into
-// kernel launches on ctx.stream. The index-K store, the Q preparation and the shortcut's top-k so
-// far; the scores and the scored top-k have no CUDA backend yet (their plan refuses device views).
+// kernel launches on ctx.stream: every indexer op.
 #pragma once
 
 #include "dsv41kv/indexer.hpp"
@@ -10,4 +9,5 @@ namespace dsv41kv::detail::cuda {
 void index_k_store(const IndexKStoreArgs& a, const IndexKStorePlan& p, const ExecContext& ctx);
 void index_q_prep(const IndexQPrepArgs& a, const IndexQPrepPlan& p, const ExecContext& ctx);
 void indexer_shortcut(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p, const ExecContext& ctx);
+void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx);
 }  // namespace dsv41kv::detail::cuda
