@@ -260,7 +260,7 @@ FileResult run_compress_insert(const SafetensorsFile& f, const json& j, const Op
     cr.num_tokens = N;
 
     // ---- inputs and reference outputs (shapes checked: a mismatch is a malformed file)
-    const auto& kvi = need_tensor(f, p + "kv_score", StDType::F32, {-N, kLatentDim * R});
+    const st::TensorInfo kvi = need_tensor(f, p + "kv_score", StDType::F32, {-N, kLatentDim * R});
     const int64_t rows = kvi.shape[0];
     need_tensor(f, p + "positions", StDType::I64, {-N});
     need_tensor(f, p + "cache_slots", StDType::I64, {N});

@@ -156,7 +156,7 @@ namespace {
 // SPEC 9.6 on CUDA: bit for bit the CPU's inverse RoPE, padded heads dropped, in place.
 TEST_F(AttentionGpu, OutputRopeMatchesCpu) {
   const int64_t T = 33, rows = 200;
-  for (const auto [H, real, in_place] : {std::tuple{64, 64, false}, std::tuple{128, 64, false}, std::tuple{8, 8, true}}) {
+  for (const auto& [H, real, in_place] : {std::tuple{64, 64, false}, std::tuple{128, 64, false}, std::tuple{8, 8, true}}) {
     std::vector<uint16_t> o(static_cast<size_t>(T * H * kLatentDim));
     for (auto& v : o) v = random_bf16_value(rng(), 2.0);
     std::vector<float> table(static_cast<size_t>(rows * 64));
