@@ -16,7 +16,8 @@
 // holds them and says who wrote what on which step, so that a consumer whose source has not run
 // on this step is an error rather than a read of stale indices.
 //
-// The read path runs on the CPU only until its kernels exist (CUDA configurations are an E8).
+// The layer runs on the CPU only (CUDA configurations are an E8): its ops have CUDA backends, but
+// its buffers and the read-path metadata builders are host memory and host code so far.
 // Every argument is checked before anything is written (E8 naming it, the value and what was
 // expected).
 #pragma once

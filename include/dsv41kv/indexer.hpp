@@ -5,10 +5,9 @@
 //
 // Every function validates all of its arguments on the host before touching any output and
 // throws dsv41kv::Error (E8) naming the op, the argument, the value and what was expected. The
-// backend is the device of the views (all on one device). The index-K store and the Q preparation
-// have CUDA kernels (their bytes equal the CPU's; device views are checked for shape only, indices a
-// kernel cannot use write nothing); the scores and the top-k have a CPU backend only so far: CUDA
-// views are an E8 saying so.
+// backend is the device of the views (all on one device). Every op has CUDA kernels whose bytes
+// equal the CPU's (device views are checked for shape only; indices a kernel cannot use write
+// nothing; indexer_topk on CUDA needs `scores`, its workspace).
 //
 // The per-step order of SPEC 9.8: indexer_k_store (kv sources) and indexer_prepare_q, then either
 // indexer_shortcut_topk (when indexer_takes_shortcut says so) or indexer_topk.

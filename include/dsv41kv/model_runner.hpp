@@ -4,7 +4,7 @@
 // StepMetadata is built per step, and each AttentionLayer runs in layer order on the activations
 // the engine supplies for it (an ActivationSource: the projections are the engine's).
 //
-// The read path is CPU-only until its kernels exist: the serving configuration's device must be
+// The driver runs on the CPU only (as AttentionLayer): the serving configuration's device must be
 // the CPU. Errors as the pieces' (E8 naming the argument; kCapacity when a pool runs out).
 #pragma once
 
