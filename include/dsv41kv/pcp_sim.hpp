@@ -121,6 +121,16 @@ struct Mismatch {
   std::string to_string() const;
 };
 
+// What the read path did (SimConfig::read_path): query rows attended through the decode path and
+// in prefill chunks, the chunks, the window keys and top-k entries attended, the longest top-k
+// prefix, and the steps whose top-k came from the shortcut (every rank and the single-rank run
+// take the same branch). += sums, keeping the largest topk_max.
+struct ReadPathCounts {
+  int64_t decode_rows = 0, prefill_rows = 0, prefill_chunks = 0, swa_keys = 0, topk_entries = 0, topk_max = 0;
+  int64_t shortcut_steps = 0;
+  ReadPathCounts& operator+=(const ReadPathCounts& o);
+};
+
 struct StepReport {
   int64_t step = 0;
   int64_t num_reqs = 0, num_tokens = 0, num_decodes = 0;
@@ -135,12 +145,7 @@ struct StepReport {
   // save_ring_rows on rank 0; tokens of null-block requests; masked replica rows.
   int64_t prev_from_gathered = 0, prev_from_ring = 0, ring_writes = 0;
   int64_t null_block_tokens = 0, masked_replica_rows = 0;
-  // The read path (SimConfig::read_path), summed over the ranks: query rows attended through the
-  // decode path and in prefill chunks, the chunks, the window keys and top-k entries attended and
-  // the longest top-k prefix; whether the top-k came from the shortcut (every rank and the
-  // single-rank run take the same branch).
-  int64_t decode_rows = 0, prefill_rows = 0, prefill_chunks = 0, swa_keys = 0, topk_entries = 0, topk_max = 0;
-  bool shortcut = false;
+  ReadPathCounts read;  // SimConfig::read_path, summed over the ranks
 };
 
 struct CheckStats {

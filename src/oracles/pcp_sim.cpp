@@ -27,6 +27,17 @@ std::string Mismatch::to_string() const {
                      detail.empty() ? "" : ": ", detail);
 }
 
+ReadPathCounts& ReadPathCounts::operator+=(const ReadPathCounts& o) {
+  decode_rows += o.decode_rows;
+  prefill_rows += o.prefill_rows;
+  prefill_chunks += o.prefill_chunks;
+  swa_keys += o.swa_keys;
+  topk_entries += o.topk_entries;
+  topk_max = std::max(topk_max, o.topk_max);
+  shortcut_steps += o.shortcut_steps;
+  return *this;
+}
+
 CheckStats& CheckStats::operator+=(const CheckStats& o) {
   latent_elements += o.latent_elements;
   latent_mismatched += o.latent_mismatched;
@@ -256,8 +267,10 @@ void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with
       return read_path::layer_bytes(cfg.ratio, cfg.formats[0], cfg.num_heads, swa_pages, num_pages, S,
                                     w.max_position + 1, rows);
     };
+    int64_t longest_prefix = 0;  // the prefix writer of the constructor (write_prefixes)
+    for (const auto& r : w.requests) longest_prefix = std::max(longest_prefix, r.null_block ? 0 : r.start);
     read_rank = layer(b.padded);
-    read_ref = layer(b.tokens);
+    read_ref = layer(b.tokens) + (longest_prefix > 0 ? layer(longest_prefix) : 0.0);
     step += padded * kLatentDim * 2.0 * P;  // the gathered kv rows
   }
   const double ranks = external ? 1.0 : static_cast<double>(P);
@@ -778,13 +791,8 @@ StepReport Simulation::run_step(int64_t i) {
     }
     if (rs.read) {
       const pipeline::LayerStepStats& ls = rs.read->layer().last_stats();
-      rep.decode_rows += ls.decode_rows;
-      rep.prefill_rows += ls.prefill_rows;
-      rep.prefill_chunks += ls.prefill_chunks;
-      rep.swa_keys += ls.swa_keys;
-      rep.topk_entries += ls.topk_entries;
-      rep.topk_max = std::max(rep.topk_max, ls.topk_max);
-      rep.shortcut = ls.shortcut;
+      rep.read += {ls.decode_rows, ls.prefill_rows, ls.prefill_chunks, ls.swa_keys, ls.topk_entries, ls.topk_max, 0};
+      rep.read.shortcut_steps = ls.shortcut ? 1 : 0;  // one step, whichever rank says it
     }
     rep.volume.push_back(rs.volume);
     rep.measured_sent.push_back(rs.measured_sent);

@@ -85,16 +85,16 @@ TEST_P(PcpReadPath, AttentionIsBitIdenticalToOneRankOnEveryRank) {
     (sc.placement == DecodePlacement::kOwner ? cov.owner : cov.replicated) = true;
     for (size_t j = 0; j < res.steps.size(); ++j) {
       const StepReport& s = res.steps[j];
-      cov.decode_rows += s.decode_rows;
-      cov.prefill_rows += s.prefill_rows;
-      cov.prefill_chunks += s.prefill_chunks;
-      cov.topk_entries += s.topk_entries;
-      cov.swa_keys += s.swa_keys;
-      (s.shortcut ? cov.shortcut_steps : cov.scored_steps) += 1;
+      cov.decode_rows += s.read.decode_rows;
+      cov.prefill_rows += s.read.prefill_rows;
+      cov.prefill_chunks += s.read.prefill_chunks;
+      cov.topk_entries += s.read.topk_entries;
+      cov.swa_keys += s.read.swa_keys;
+      (s.read.shortcut_steps ? cov.shortcut_steps : cov.scored_steps) += 1;
       cov.null_block_tokens += s.null_block_tokens;
       for (int64_t t : s.tokens_per_rank) cov.padded_rows += s.padded - t;
       for (const auto& r : w.steps[j]) cov.continued += r.req.is_prefilling && r.req.num_computed > 0;
-      EXPECT_EQ(s.decode_rows + s.prefill_rows, std::accumulate(s.tokens_per_rank.begin(), s.tokens_per_rank.end(),
+      EXPECT_EQ(s.read.decode_rows + s.read.prefill_rows, std::accumulate(s.tokens_per_rank.begin(), s.tokens_per_rank.end(),
                                                                 int64_t{0}));
       // The communicator moved SPEC 7.7's volume, the SWA kv rows of the read path included.
       const int64_t link_rows = ratio == 2 ? std::min(s.padded, 2 * w.config.max_num_seqs) : 0;
@@ -156,10 +156,10 @@ TEST(PcpReadPathLong, TheScoredTopKSelectsOverALongPrefix) {
       EXPECT_EQ(res.stats.attention_rows, rank_rows(res));
       int64_t scored = 0, longest = 0, decode = 0, prefill = 0;
       for (const StepReport& s : res.steps) {
-        scored += s.shortcut ? 0 : 1;
-        longest = std::max(longest, s.topk_max);
-        decode += s.decode_rows;
-        prefill += s.prefill_rows;
+        scored += 1 - s.read.shortcut_steps;
+        longest = std::max(longest, s.read.topk_max);
+        decode += s.read.decode_rows;
+        prefill += s.read.prefill_rows;
       }
       EXPECT_EQ(scored, static_cast<int64_t>(res.steps.size())) << "max seq_len / ratio > 512: never the shortcut";
       EXPECT_EQ(longest, kIndexTopk);

@@ -83,9 +83,10 @@ TEST(CliRun, JsonCarriesPerRankBytesThatMatchTheCommunicator) {
       EXPECT_EQ(rk["replaced_allgather_received"].get<uint64_t>(), 3u * s["padded"].get<uint64_t>() * 4096u);
       EXPECT_EQ(rk["swa_kv_received"].get<uint64_t>(), 3u * s["padded"].get<uint64_t>() * 1024u);
     }
-    for (const auto& n : s["tokens_per_rank"]) rows += n.get<uint64_t>();
-    EXPECT_EQ(s["read_path"]["decode_rows"].get<int64_t>() + s["read_path"]["prefill_rows"].get<int64_t>(),
-              [&] { int64_t t = 0; for (const auto& n : s["tokens_per_rank"]) t += n.get<int64_t>(); return t; }());
+    uint64_t step_rows = 0;
+    for (const auto& n : s["tokens_per_rank"]) step_rows += n.get<uint64_t>();
+    rows += step_rows;
+    EXPECT_EQ(s["read_path"]["decode_rows"].get<uint64_t>() + s["read_path"]["prefill_rows"].get<uint64_t>(), step_rows);
   }
   // every row of every rank compared: its top-k row, 8 x 512 outputs and 8 lse
   EXPECT_EQ(attn["token_rows"].get<uint64_t>(), rows);

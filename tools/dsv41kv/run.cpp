@@ -141,6 +141,12 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
           {"replaced_allgather_received", v.replaced_received}};
 }
 
+nlohmann::json read_json(const pcp::ReadPathCounts& c) {
+  return {{"decode_rows", c.decode_rows},   {"prefill_rows", c.prefill_rows},   {"prefill_chunks", c.prefill_chunks},
+          {"swa_keys", c.swa_keys},         {"topk_entries", c.topk_entries},   {"topk_max", c.topk_max},
+          {"shortcut_steps", c.shortcut_steps}};
+}
+
 int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
 int launch_workers(const RunOptions& o, int P, const std::vector<std::string>& command_line);
 
@@ -287,11 +293,7 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                            {"decodes", s.num_decodes}, {"padded", s.padded}, {"num_rows", s.num_rows},
                            {"tokens_per_rank", s.tokens_per_rank},
                            {"link_vs_allgather_ratio", ratio}, {"ranks", nlohmann::json::array()}};
-      if (sc.read_path)
-        js["read_path"] = {{"decode_rows", s.decode_rows},   {"prefill_rows", s.prefill_rows},
-                           {"prefill_chunks", s.prefill_chunks}, {"swa_keys", s.swa_keys},
-                           {"topk_entries", s.topk_entries}, {"topk_max", s.topk_max},
-                           {"shortcut", s.shortcut}};
+      if (sc.read_path) js["read_path"] = read_json(s.read);
       for (size_t k = 0; k < s.volume.size(); ++k) {
         nlohmann::json rk = volume_json(s.volume[k]);
         rk["rank"] = k;
@@ -318,22 +320,9 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                                    : 0.0;
     run["total_per_rank"] = volume_json(sum);
     run["link_vs_allgather_ratio"] = total_ratio;
-    pcp::StepReport rd;  // the read path's counts over the steps
-    int64_t shortcut_steps = 0;
-    for (const auto& st : res.steps) {
-      rd.decode_rows += st.decode_rows;
-      rd.prefill_rows += st.prefill_rows;
-      rd.prefill_chunks += st.prefill_chunks;
-      rd.swa_keys += st.swa_keys;
-      rd.topk_entries += st.topk_entries;
-      rd.topk_max = std::max(rd.topk_max, st.topk_max);
-      shortcut_steps += st.shortcut ? 1 : 0;
-    }
-    if (sc.read_path)
-      run["read_path"] = {{"decode_rows", rd.decode_rows},   {"prefill_rows", rd.prefill_rows},
-                          {"prefill_chunks", rd.prefill_chunks}, {"swa_keys", rd.swa_keys},
-                          {"topk_entries", rd.topk_entries}, {"topk_max", rd.topk_max},
-                          {"shortcut_steps", shortcut_steps}};
+    pcp::ReadPathCounts rd;  // the read path's counts over the steps
+    for (const auto& st : res.steps) rd += st.read;
+    if (sc.read_path) run["read_path"] = read_json(rd);
     if (!o.json) {
       fmt::print("total per rank: sent {}, received {} (keys {}, positions {}, last rows {}, latents {}, swa kv {})\n",
                  human_bytes(sum.sent()), human_bytes(sum.received()), human_bytes(sum.keys_received),
@@ -344,7 +333,7 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                    "{} window keys and {} top-k entries attended (longest top-k {}), top-k from the shortcut at {} "
                    "of {} steps\n",
                    rd.decode_rows + rd.prefill_rows, rd.decode_rows, rd.prefill_rows, rd.prefill_chunks, rd.swa_keys,
-                   rd.topk_entries, rd.topk_max, shortcut_steps, res.steps.size());
+                   rd.topk_entries, rd.topk_max, rd.shortcut_steps, res.steps.size());
       if (sum.replaced_received)
         fmt::print("ratio-2 linking: keys + last rows {} vs all-gather of every kv_score row {}: ratio {:.4f} "
                    "(per ratio-2 layer)\n",
