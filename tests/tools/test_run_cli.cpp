@@ -161,11 +161,11 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   EXPECT_NE(e6.err.find("E6:"), std::string::npos) << e6.err;
   EXPECT_NE(e6.err.find("speculative decoding"), std::string::npos) << e6.err;
   // the largest seed is taken as written (CLI11 alone wrapped -1 and saturated 2^64 to it)
-  const CliRun top = run("--pcp 1 --steps 1 --seed 18446744073709551615");
+  const CliRun top = run("--pcp 1 --steps 1 --heads 8 --seed 18446744073709551615");
   EXPECT_EQ(top.code, 0) << top.err;
   EXPECT_NE(top.out.find("seed 18446744073709551615,"), std::string::npos) << top.out;
   // P = 1 with speculative tokens is no PCP: allowed.
-  EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2").code, 0);
+  EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2 --heads 8").code, 0);
 }
 
 // The worker loop behind `run --launch local` (pcp::run_worker_rank) with P ranks as threads on

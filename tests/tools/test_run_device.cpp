@@ -62,7 +62,7 @@ TEST(RunDevice, BadCombinationsExit2) {
 
 TEST(RunDevice, CpuDefaultIsUnchanged) {
   TempDir tmp;
-  const CliRun r = run_cli("run --pcp 2 --steps 3 --verify", tmp);
+  const CliRun r = run_cli("run --pcp 2 --steps 3 --verify --heads 8", tmp);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("verify P=2: identical to P=1 at all 3 steps"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("gpu ms"), std::string::npos);
