@@ -49,7 +49,7 @@ uint64_t rank_rows(const RunResult& res) {
 
 struct ReadCoverage {
   int64_t decode_rows = 0, prefill_rows = 0, prefill_chunks = 0, shortcut_steps = 0, scored_steps = 0;
-  int64_t null_block_tokens = 0, padded_rows = 0, continued = 0, topk_entries = 0, swa_keys = 0;
+  int64_t null_block_tokens = 0, padded_rows = 0, continued = 0, odd_continued = 0, topk_entries = 0, swa_keys = 0;
   bool owner = false, replicated = false;
 };
 
@@ -93,7 +93,10 @@ TEST_P(PcpReadPath, AttentionIsBitIdenticalToOneRankOnEveryRank) {
       (s.read.shortcut_steps ? cov.shortcut_steps : cov.scored_steps) += 1;
       cov.null_block_tokens += s.null_block_tokens;
       for (int64_t t : s.tokens_per_rank) cov.padded_rows += s.padded - t;
-      for (const auto& r : w.steps[j]) cov.continued += r.req.is_prefilling && r.req.num_computed > 0;
+      for (const auto& r : w.steps[j]) {
+        cov.continued += r.req.is_prefilling && r.req.num_computed > 0;
+        cov.odd_continued += r.req.is_prefilling && r.req.num_computed % 2 == 1;
+      }
       EXPECT_EQ(s.read.decode_rows + s.read.prefill_rows, std::accumulate(s.tokens_per_rank.begin(), s.tokens_per_rank.end(),
                                                                 int64_t{0}));
       // The communicator moved SPEC 7.7's volume, the SWA kv rows of the read path included.
@@ -114,6 +117,7 @@ TEST_P(PcpReadPath, AttentionIsBitIdenticalToOneRankOnEveryRank) {
   EXPECT_GT(cov.swa_keys, 0);
   EXPECT_GT(cov.null_block_tokens, 0);
   EXPECT_GT(cov.continued, 0);
+  EXPECT_GT(cov.odd_continued, 0);  // prefills resumed at odd positions (the local chunks start anywhere)
   EXPECT_GT(cov.padded_rows, 0);
   if (n >= 4) {
     EXPECT_GT(cov.shortcut_steps, 0);
