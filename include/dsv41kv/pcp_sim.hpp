@@ -101,7 +101,8 @@ struct SimConfig {
   // check_step() also compares every token's top-k row, attention output and lse with the rank
   // that holds it (every rank's copy of a replicated decode), and the read path's SWA, compressed
   // (formats[0]) and index-K caches of every rank, bit for bit. Activations: SeededActivations
-  // (read_path_check.hpp). E8 with device CUDA: the read path has no CUDA kernels yet.
+  // (read_path_check.hpp). E8 with device CUDA: the read path's layer (AttentionLayer) runs on
+  // the CPU only.
   bool read_path = false;
   int num_heads = 8;         // H of the layer's queries: 8, 16, 32, 64 or 128
   bool scored_topk = false;  // never the shortcut (as under CUDA-graph capture, SPEC 8.6)

@@ -315,8 +315,8 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   if (cfg.formats.empty()) invalid_argument("simulation: formats is empty (expected at least one)");
   validate(w.config);
   if (cfg.read_path && cfg.device != Device::CPU)
-    invalid_argument(fmt::format("simulation: read_path on {}: the read path (indexer, attention) has no CUDA backend "
-                                 "yet (expected read_path = false, or device cpu)", device_name(cfg.device)));
+    invalid_argument(fmt::format("simulation: read_path on {}: the read path's layer (pipeline::AttentionLayer) runs "
+                                 "on the CPU only (expected read_path = false, or device cpu)", device_name(cfg.device)));
 #if defined(DSV41KV_TEST_SEAMS)
   if (!cfg.read_path && (cfg.fault == seam::PcpFault::kLocalSwaInsert || cfg.fault == seam::PcpFault::kPerturbAttention))
     invalid_argument(fmt::format("simulation: fault {} breaks the read path, which does not run (expected read_path = "

@@ -271,7 +271,7 @@ TEST(PcpReadPathErrors, BadConfigurationsAreE8BeforeAnyWork) {
   SimConfig cuda = read_config(2);
   cuda.device = Device::CUDA;
   test::expect_error([&] { Simulation(cuda, w, 2, true); }, ErrorCode::kInvalidArgument,
-                     {"read_path on cuda", "no CUDA backend yet"});
+                     {"read_path on cuda", "runs on the CPU only"});
   SimConfig off = read_config(2);
   off.read_path = false;
   off.fault = seam::PcpFault::kPerturbAttention;

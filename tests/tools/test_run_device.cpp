@@ -39,10 +39,10 @@ TEST(RunDevice, BadCombinationsExit2) {
   const CliRun ks = run_cli("run --pcp 2 --steps 3 --kill-at-step 1", tmp);  // a step but no rank
   EXPECT_EQ(ks.code, 2);
   EXPECT_NE(ks.err.find("--kill-at-step 1 without --kill-rank"), std::string::npos) << ks.err;
-  // the read path has no CUDA backend: asking for it, or for its faults, on cuda is refused
+  // the read path runs on the CPU only: asking for it, or for its faults, on cuda is refused
   const CliRun rp = run_cli("run --pcp 2 --steps 1 --device cuda --read-path on", tmp);
   EXPECT_EQ(rp.code, 2);
-  EXPECT_NE(rp.err.find("no CUDA backend yet"), std::string::npos) << rp.err;
+  EXPECT_NE(rp.err.find("runs on the CPU only"), std::string::npos) << rp.err;
   const CliRun rm = run_cli("run --pcp 2 --steps 1 --device cuda --mutation perturb-attention", tmp);
   EXPECT_EQ(rm.code, 2);
   EXPECT_NE(rm.err.find("breaks the read path"), std::string::npos) << rm.err;

@@ -186,8 +186,8 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
   const pcp::Workload w = pcp::generate_workload(wc);
   const bool on_gpu = o.device == "cuda";
   if (on_gpu && o.read_path == "on")
-    invalid_argument("--read-path on with --device cuda: the read path (indexer, attention) has no CUDA backend yet "
-                     "(expected --read-path auto or off)");
+    invalid_argument("--read-path on with --device cuda: the read path's layer runs on the CPU only (expected "
+                     "--read-path auto or off)");
   sc.read_path = !on_gpu && o.read_path != "off";
 #if defined(DSV41KV_TEST_SEAMS)
   if (!sc.read_path && (sc.fault == seam::PcpFault::kLocalSwaInsert || sc.fault == seam::PcpFault::kPerturbAttention))
@@ -266,8 +266,8 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                  record_info(sc.formats[0] == RecordFormat::NVFP4_288 ? RecordFormat::V4_584 : sc.formats[0]).name,
                  sc.scored_topk ? "always scored" : "scored, or the shortcut when max seq_len / ratio <= 512");
     else
-      fmt::print("read path: not run ({})\n", on_gpu ? "the indexer and the attention have no CUDA backend yet; "
-                                                        "--device cuda runs and checks the write path only"
+      fmt::print("read path: not run ({})\n", on_gpu ? "the read path's layer runs on the CPU only; --device cuda "
+                                                        "runs and checks the write path only"
                                                       : "--read-path off");
   }
 
@@ -363,7 +363,7 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                                            {"read_cache_bytes", st.read_cache_bytes},
                                            {"read_cache_mismatched", st.read_cache_mismatched}});
       else
-        run["verify"]["attention"]["why"] = on_gpu ? "no CUDA backend for the read path yet" : "--read-path off";
+        run["verify"]["attention"]["why"] = on_gpu ? "the read path runs on the CPU only" : "--read-path off";
       if (res.first_mismatch) {
         any_mismatch = true;
         const auto& mm = *res.first_mismatch;
@@ -379,7 +379,7 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
       if (!o.json) {
         const std::string name = fmt::format("verify P={}{} attention", P, on_gpu ? " (cuda)" : "");
         if (!sc.read_path)
-          fmt::print("{}: not checked ({})\n", name, on_gpu ? "the read path has no CUDA backend yet" : "--read-path off");
+          fmt::print("{}: not checked ({})\n", name, on_gpu ? "the read path runs on the CPU only" : "--read-path off");
         else if (attn_identical && !res.first_mismatch)
           fmt::print("{}: identical to P=1 at all {} steps ({} token rows of every rank, decode copies included: top-k "
                      "{} entries, outputs {} bf16 elements after the inverse RoPE, lse {} floats; read-path caches {} "
@@ -410,8 +410,8 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   pcp::SimConfig sc = sc_in;
   sc.device = Device::CUDA;
   sc.cuda_device = env.device;
-  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s; the read path (indexer, attention) is not run: no CUDA "
-              "backend yet\n", r, P, env.device, nccl_version_string().c_str(), w.steps.size(),
+  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s; the read path is not run (its layer runs on the CPU "
+              "only)\n", r, P, env.device, nccl_version_string().c_str(), w.steps.size(),
               o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
   std::printf("rank %d/%d: %4s %6s %6s %5s %9s %12s %12s %12s %12s %12s\n", r, P, "step", "tokens", "padded", "rows",
               "gpu ms", "nccl sent", "nccl recv", "expect sent", "expect recv", "kv all-gath");
@@ -546,7 +546,7 @@ void add_run(CLI::App& app, int& exit_code, std::vector<std::string> command_lin
                                       "token's top-k, attention output and lse); exit 1 on a difference");
   cmd->add_option("--read-path", o.read_path, "auto | on | off: each rank's SWA and index-K inserts of the gathered rows "
                                               "and the attention of its own query rows (auto: on with --device cpu, "
-                                              "off with cuda, which has no read-path kernels yet)")
+                                              "off with cuda: the read path's layer runs on the CPU only)")
       ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
   cmd->add_option("--heads", o.heads, "query heads of the read path's layer (8, 16, 32, 64 or 128)")
       ->check(CLI::IsMember({8, 16, 32, 64, 128}))->capture_default_str();
