@@ -151,6 +151,22 @@ class AttentionLayer {
   // metadata generation; a candidate consumer's source did not write the candidates on it.
   void run(const StepMetadata& meta, const LayerInputs& in);
 
+  // The read half of run() for one PCP rank (SPEC 7.6 step 4): the caller has already written
+  // the step's gathered rows (every rank's tokens) into this layer's caches through swa_cache(),
+  // compressed_cache() and index_k_cache() (steps 1-3), and `meta` is the rank's local batch (its
+  // own query rows, local positions and per-request lengths). Runs the query RoPE without the SWA
+  // insert, for an index source Q prep and the top-k, the attention and the inverse RoPE of meta's
+  // rows; writes no cache, no ring and no latent (in.kv_score is not read and may be absent; the
+  // stats count no record written). The shortcut of SPEC 8.6 is decided by `step_max_seq_len`,
+  // the largest seq_len of the global step, so that every rank takes the branch the unsplit batch
+  // takes (E8 when it is below meta's own). Errors as run().
+  void run_queries(const StepMetadata& meta, const LayerInputs& in, int64_t step_max_seq_len);
+  // The write half of run(): the SWA insert with the query RoPE and, for a kv source, the
+  // compressor, the compressed insert and the index-K store of meta's rows; no indexer, no
+  // attention, no outputs (last_stats() holds only the time). For state that exists before the
+  // steps a caller attends, such as a prompt prefix computed earlier. Errors as run().
+  void run_writes(const StepMetadata& meta, const LayerInputs& in);
+
   const LayerInfo& info() const;
   const LayerStepStats& last_stats() const;
   // The last step's rows [0, N):

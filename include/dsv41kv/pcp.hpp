@@ -30,6 +30,10 @@ enum class PcpFault : uint8_t {
   kDropGatheredPredecessors = 1,  // every prev_row_indices forced to -1 (ring reads instead)
   kReverseTieBreak = 2,           // link ties by descending gathered index
   kSkipSaveRingRows = 3,          // save_ring_rows not called
+  // The read path of the simulation (pcp_sim.hpp, SimConfig::read_path): the layer step itself
+  // ignores these.
+  kLocalSwaInsert = 4,            // each rank inserts only its own kv rows into its SWA cache
+  kPerturbAttention = 5,          // the last rank's last token's attention output off by one bf16 ulp
 };
 }  // namespace dsv41kv::seam
 #endif
@@ -152,16 +156,19 @@ struct CommVolume {
   uint64_t positions_sent = 0, positions_received = 0;  // once per step
   uint64_t rows_sent = 0, rows_received = 0;            // last rows, per ratio-2 layer
   uint64_t latents_sent = 0, latents_received = 0;      // latents, per kv-source layer
+  uint64_t swa_kv_sent = 0, swa_kv_received = 0;        // SWA kv rows, per layer (its read path)
   uint64_t replaced_received = 0;  // the replaced design: all-gather of every kv_score row,
                                    //   P * padded * 4096 per ratio-2 layer
-  uint64_t sent() const { return keys_sent + positions_sent + rows_sent + latents_sent; }
+  uint64_t sent() const { return keys_sent + positions_sent + rows_sent + latents_sent + swa_kv_sent; }
   uint64_t received() const {
-    return keys_received + positions_received + rows_received + latents_received;
+    return keys_received + positions_received + rows_received + latents_received + swa_kv_received;
   }
   CommVolume& operator+=(const CommVolume& o);
 };
-// The SPEC 7.7 formulas for one step with one kv-source layer of `ratio`.
-CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio);
+// The SPEC 7.7 formulas for one step with one kv-source layer of `ratio`; with `swa_kv` also the
+// layer's gathered SWA kv rows (P * padded * 1024 bytes received), which only a step that runs
+// the read path moves.
+CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio, bool swa_kv = false);
 
 // E8 (naming `op`) for num_speculative_tokens < 0; E6 for PCP (P > 1) with speculative tokens.
 void check_pcp_speculation(const char* op, int P, int64_t num_speculative_tokens);

@@ -91,6 +91,21 @@ struct SimConfig {
   // host-side checks see the GPU's bytes, copied back after every step.
   Device device = Device::CPU;
   int cuda_device = 0;
+  // The read path of the layer (SPEC 7.6 steps 2-4; the CPU only): on every rank the SWA insert
+  // of the step's gathered kv rows and the index-K store of its gathered latents, then for the
+  // rank's own query rows, with local positions and per-request lengths, the query RoPE, the
+  // indexer's top-k (scored, or the shortcut of SPEC 8.6 decided by the global step's longest
+  // sequence), the sparse attention (decode rows, prefill chunks through the workspace) and the
+  // output inverse RoPE: pipeline::AttentionLayer::run_queries, one layer object per rank. With
+  // references the same layer runs whole on the unsplit batch (AttentionLayer::run), and
+  // check_step() also compares every token's top-k row, attention output and lse with the rank
+  // that holds it (every rank's copy of a replicated decode), and the read path's SWA, compressed
+  // (formats[0]) and index-K caches of every rank, bit for bit. Activations: SeededActivations
+  // (read_path_check.hpp). E8 with device CUDA: the read path's layer (AttentionLayer) runs on
+  // the CPU only.
+  bool read_path = false;
+  int num_heads = 8;         // H of the layer's queries: 8, 16, 32, 64 or 128
+  bool scored_topk = false;  // never the shortcut (as under CUDA-graph capture, SPEC 8.6)
   // Host memory the simulation may allocate (0: no limit). The constructor estimates its caches,
   // rings, references and the ranks' largest step buffers before allocating anything and rejects
   // a workload that needs more (E8), naming what drives the size; the CLI passes the machine's
@@ -107,6 +122,16 @@ struct Mismatch {
   std::string to_string() const;
 };
 
+// What the read path did (SimConfig::read_path): query rows attended through the decode path and
+// in prefill chunks, the chunks, the window keys and top-k entries attended, the longest top-k
+// prefix, and the steps whose top-k came from the shortcut (every rank and the single-rank run
+// take the same branch). += sums, keeping the largest topk_max.
+struct ReadPathCounts {
+  int64_t decode_rows = 0, prefill_rows = 0, prefill_chunks = 0, swa_keys = 0, topk_entries = 0, topk_max = 0;
+  int64_t shortcut_steps = 0;
+  ReadPathCounts& operator+=(const ReadPathCounts& o);
+};
+
 struct StepReport {
   int64_t step = 0;
   int64_t num_reqs = 0, num_tokens = 0, num_decodes = 0;
@@ -121,6 +146,7 @@ struct StepReport {
   // save_ring_rows on rank 0; tokens of null-block requests; masked replica rows.
   int64_t prev_from_gathered = 0, prev_from_ring = 0, ring_writes = 0;
   int64_t null_block_tokens = 0, masked_replica_rows = 0;
+  ReadPathCounts read;  // SimConfig::read_path, summed over the ranks
 };
 
 struct CheckStats {
@@ -128,6 +154,14 @@ struct CheckStats {
   uint64_t cache_bytes = 0, cache_mismatched = 0;
   uint64_t ring_floats = 0, ring_mismatched = 0;
   uint64_t link_entries = 0, link_mismatched = 0;
+  // The read path: the bytes of its SWA, compressed and index-K caches; per token row of every
+  // rank (decode copies included) its top-k row, attention output (bf16, after the inverse RoPE)
+  // and lse.
+  uint64_t read_cache_bytes = 0, read_cache_mismatched = 0;
+  uint64_t attention_rows = 0;
+  uint64_t topk_entries = 0, topk_mismatched = 0;
+  uint64_t output_elements = 0, output_mismatched = 0;
+  uint64_t lse_elements = 0, lse_mismatched = 0;
   CheckStats& operator+=(const CheckStats& o);
 };
 
@@ -151,14 +185,16 @@ class Simulation {
   // references.
   StepReport run_step(int64_t i);
   // SPEC 7.8 after the last run step (needs with_reference): returns the first difference
-  // (order: link, latents, caches, rings) and accumulates element statistics into `stats`.
+  // (order: link, latents, caches, rings; with the read path then its caches, top-k rows,
+  // outputs and lse) and accumulates element statistics into `stats`.
   std::optional<Mismatch> check_step(CheckStats* stats = nullptr) const;
   // The rank this process runs (external communicator), or -1 when it runs all P ranks.
   int local_rank() const;
   // After the same step of both: this simulation's rank(s) (local_rank(), or all) against the
   // same rank of `other` (same workload, config and P; e.g. a CPU all-rank run), byte for byte:
   // link (ring write slots, predecessor lookups), latents of closing tokens with a valid slot,
-  // every compressed-cache byte, the whole ring. Returns the first difference.
+  // every compressed-cache byte, the whole ring; with the read path (in both) its caches and every
+  // local token's top-k row, output and lse. Returns the first difference.
   std::optional<Mismatch> compare_rank(const Simulation& other, CheckStats* stats = nullptr) const;
 
  private:

@@ -16,7 +16,8 @@
 
 namespace dsv41kv::seam {
 
-// "none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows".
+// "none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows",
+// "local-swa-insert", "perturb-attention".
 const char* fault_name(PcpFault f);
 // The inverse of fault_name (E8 for any other name).
 PcpFault parse_fault(const std::string& name);

@@ -14,6 +14,10 @@
 #include "dsv41kv/rng.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
+#include "oracles/pcp_read.hpp"
+#if defined(DSV41KV_TEST_SEAMS)
+#include "dsv41kv/test_seam.hpp"
+#endif
 
 namespace dsv41kv::pcp {
 
@@ -21,6 +25,17 @@ std::string Mismatch::to_string() const {
   return fmt::format("step {} rank {} tensor {} index {}{}{}", step,
                      rank < 0 ? std::string("ref") : std::to_string(rank), tensor, index,
                      detail.empty() ? "" : ": ", detail);
+}
+
+ReadPathCounts& ReadPathCounts::operator+=(const ReadPathCounts& o) {
+  decode_rows += o.decode_rows;
+  prefill_rows += o.prefill_rows;
+  prefill_chunks += o.prefill_chunks;
+  swa_keys += o.swa_keys;
+  topk_entries += o.topk_entries;
+  topk_max = std::max(topk_max, o.topk_max);
+  shortcut_steps += o.shortcut_steps;
+  return *this;
 }
 
 CheckStats& CheckStats::operator+=(const CheckStats& o) {
@@ -32,6 +47,15 @@ CheckStats& CheckStats::operator+=(const CheckStats& o) {
   ring_mismatched += o.ring_mismatched;
   link_entries += o.link_entries;
   link_mismatched += o.link_mismatched;
+  read_cache_bytes += o.read_cache_bytes;
+  read_cache_mismatched += o.read_cache_mismatched;
+  attention_rows += o.attention_rows;
+  topk_entries += o.topk_entries;
+  topk_mismatched += o.topk_mismatched;
+  output_elements += o.output_elements;
+  output_mismatched += o.output_mismatched;
+  lse_elements += o.lse_elements;
+  lse_mismatched += o.lse_mismatched;
   return *this;
 }
 
@@ -92,6 +116,8 @@ struct RankState {
   uint64_t measured_sent = 0, measured_received = 0;
   std::unique_ptr<DeviceRank> dev;  // device CUDA: this rank's state on the GPU
   double device_ms = 0;
+  std::unique_ptr<read_path::Layer> read;  // SimConfig::read_path
+  std::vector<uint16_t> gathered_kv;       // the step's SWA kv rows of every rank
 };
 
 struct RefState {
@@ -100,6 +126,7 @@ struct RefState {
   std::vector<int32_t> qsl, token_to_req;
   std::vector<int64_t> positions, ring_slots, cslots;
   std::vector<uint16_t> latent_tail, latent_open;
+  std::unique_ptr<read_path::Layer> read;  // SimConfig::read_path: the layer run whole
 };
 
 TensorView v_i64(std::vector<int64_t>& v, int64_t n) {
@@ -133,6 +160,11 @@ struct Simulation::Impl {
   std::vector<ScheduledRequest> sreqs;
   std::vector<int64_t> gathered_cslots;
   std::vector<int64_t> computed;  // per workload request, after the last run step
+  // SimConfig::read_path: what every layer shares; the last run step's gathered SWA slot mapping
+  // (from the global batch, identical on every rank) and its longest sequence.
+  std::unique_ptr<read_path::Setup> read;
+  std::vector<int64_t> gathered_swa_slots;
+  int64_t step_max_seq = 0;
 
   int cols() const { return kLatentDim * cfg.ratio; }
 
@@ -179,6 +211,10 @@ struct Simulation::Impl {
 
   void run_reference();
   void run_rank(Communicator& comm);
+  void init_read_path();
+  void write_prefixes();
+  void read_step_metadata();
+  void read_rank(Communicator& comm, RankState& rs, int k, std::vector<int64_t>& gpos);
 };
 
 namespace {
@@ -187,13 +223,32 @@ namespace {
 // ones are for tests of the paged layout).
 constexpr int64_t kMaxStatesPerPage = int64_t{1} << 16;
 
+// The largest step of a workload: its tokens, a bound of any rank's padded rows (the step's
+// tokens rounded up to the graph-pad multiple; every rank holds at most all of them) and the most
+// requests of a step.
+struct StepBounds {
+  int64_t tokens = 0, padded = 0, requests = 0;
+};
+StepBounds step_bounds(const Workload& w) {
+  StepBounds b;
+  for (const auto& step : w.steps) {
+    int64_t t = 0;
+    for (const auto& r : step) t += r.req.query_len;
+    b.tokens = std::max(b.tokens, t);
+    b.requests = std::max(b.requests, static_cast<int64_t>(step.size()));
+  }
+  const int64_t mult = std::max<int64_t>(w.config.graph_pad_multiple, 1);
+  b.padded = (b.tokens + mult - 1) / mult * mult;
+  return b;
+}
+
 // The host bytes a simulation allocates, estimated before it allocates anything: per rank held
 // by this process its compressed caches (every format), its ring and its largest step buffers
 // (kv_score rows, latents, the gathered latents of all P ranks), plus the single-rank references'
-// caches and rings (tail and open-row policies). Padded rows are bounded by the step's token
-// count rounded up to the graph-pad multiple. Rejects (E8) when cfg.max_host_bytes > 0 and the
-// estimate exceeds it, so that an oversized workload is an error before any work, not a
-// bad_alloc halfway.
+// caches and rings (tail and open-row policies); with the read path, each rank's and the
+// reference's layer (read_path::layer_bytes) and the gathered kv rows. Padded rows are bounded by
+// step_bounds(). Rejects (E8) when cfg.max_host_bytes > 0 and the estimate exceeds it, so that an
+// oversized workload is an error before any work, not a bad_alloc halfway.
 void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with_reference, bool external, int64_t S,
                        int64_t num_pages, int64_t cap, int64_t ring_blocks) {
   if (cfg.max_host_bytes <= 0) return;
@@ -201,28 +256,37 @@ void check_host_memory(const SimConfig& cfg, const Workload& w, int P, bool with
   for (RecordFormat f : cfg.formats)  // what make_caches allocates (S <= 2^16 and the workload's bounds keep it in int64)
     cache += static_cast<double>(CacheView::with_default_strides(nullptr, f, num_pages, S).backing_bytes());
   const double ring = cfg.ratio == 2 ? static_cast<double>(ring_blocks) * static_cast<double>(cap) * kRingRowFloats * 4.0 : 0.0;
-  int64_t max_tokens = 0;
-  for (const auto& step : w.steps) {
-    int64_t t = 0;
-    for (const auto& r : step) t += r.req.query_len;
-    max_tokens = std::max(max_tokens, t);
+  const StepBounds b = step_bounds(w);
+  const double padded = static_cast<double>(b.padded);
+  double step = padded * (512.0 * cfg.ratio * 4.0 + kLatentDim * 2.0 * (1.0 + P));
+  double read_rank = 0.0, read_ref = 0.0;
+  if (cfg.read_path) {
+    int64_t swa_pages = 1;
+    for (const auto& r : w.requests) swa_pages += r.null_block ? 0 : read_path::swa_pages_of(r);
+    auto layer = [&](int64_t rows) {
+      return read_path::layer_bytes(cfg.ratio, cfg.formats[0], cfg.num_heads, swa_pages, num_pages, S,
+                                    w.max_position + 1, rows);
+    };
+    int64_t longest_prefix = 0;  // the prefix writer of the constructor (write_prefixes)
+    for (const auto& r : w.requests) longest_prefix = std::max(longest_prefix, r.null_block ? 0 : r.start);
+    read_rank = layer(b.padded);
+    read_ref = layer(b.tokens) + (longest_prefix > 0 ? layer(longest_prefix) : 0.0);
+    step += padded * kLatentDim * 2.0 * P;  // the gathered kv rows
   }
-  const int64_t mult = std::max<int64_t>(w.config.graph_pad_multiple, 1);
-  const double padded = static_cast<double>((max_tokens + mult - 1) / mult * mult);
-  const double step = padded * (512.0 * cfg.ratio * 4.0 + kLatentDim * 2.0 * (1.0 + P));
   const double ranks = external ? 1.0 : static_cast<double>(P);
-  const double refs = with_reference ? cache + 2.0 * ring : 0.0;
-  const double total = ranks * (cache + ring + step) + refs;
+  const double refs = with_reference ? cache + 2.0 * ring + read_ref : 0.0;
+  const double total = ranks * (cache + ring + step + read_rank) + refs;
   if (total <= static_cast<double>(cfg.max_host_bytes)) return;
   constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
   invalid_argument(
        fmt::format("simulation: needs about {:.1f} GiB of host memory, more than max_host_bytes = {:.1f} GiB: {} "
                    "rank(s) x (caches {:.2f} GiB [{} pages x {} states x {} format(s)] + ring {:.2f} GiB [{} blocks x "
-                   "capacity {}] + step buffers {:.2f} GiB [up to {} padded rows]){} (expected fewer requests or "
+                   "capacity {}] + step buffers {:.2f} GiB [up to {} padded rows]{}){} (expected fewer requests or "
                    "tokens, a smaller states_per_page, num_speculative_tokens or graph_pad_multiple, or fewer ranks)",
                    total / kGiB, static_cast<double>(cfg.max_host_bytes) / kGiB, external ? 1 : P, cache / kGiB,
-                   num_pages, S, cfg.formats.size(), ring / kGiB, ring_blocks, cap, step / kGiB,
-                   static_cast<int64_t>(padded),
+                   num_pages, S, cfg.formats.size(), ring / kGiB, ring_blocks, cap, step / kGiB, b.padded,
+                   cfg.read_path ? fmt::format(" + read-path layer {:.2f} GiB [{} heads]", read_rank / kGiB, cfg.num_heads)
+                                 : std::string(),
                    with_reference ? fmt::format(" + references {:.2f} GiB", refs / kGiB) : std::string()));
 }
 
@@ -250,6 +314,14 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   check_pcp_speculation("simulation", P, cfg.num_speculative_tokens);
   if (cfg.formats.empty()) invalid_argument("simulation: formats is empty (expected at least one)");
   validate(w.config);
+  if (cfg.read_path && cfg.device != Device::CPU)
+    invalid_argument(fmt::format("simulation: read_path on {}: the read path's layer (pipeline::AttentionLayer) runs "
+                                 "on the CPU only (expected read_path = false, or device cpu)", device_name(cfg.device)));
+#if defined(DSV41KV_TEST_SEAMS)
+  if (!cfg.read_path && (cfg.fault == seam::PcpFault::kLocalSwaInsert || cfg.fault == seam::PcpFault::kPerturbAttention))
+    invalid_argument(fmt::format("simulation: fault {} breaks the read path, which does not run (expected read_path = "
+                                 "true)", seam::fault_name(cfg.fault)));
+#endif
   m.cfg = cfg;
   m.w = w;
   m.P = P;
@@ -316,6 +388,7 @@ Simulation::Simulation(const SimConfig& cfg, const Workload& w, int P, bool with
   m.seed_rings();
   m.computed.resize(w.requests.size());
   for (size_t i = 0; i < w.requests.size(); ++i) m.computed[i] = w.requests[i].start;
+  if (cfg.read_path) m.init_read_path();
   if (!external)
     m.group = cfg.device == Device::CUDA ? std::make_unique<ThreadGroup>(P, Device::CUDA)
                                          : std::make_unique<ThreadGroup>(P);
@@ -430,6 +503,118 @@ void Simulation::Impl::run_reference() {
     s.ring = ring_view(r.ring_open);
     save_ring_rows(s, ctx);
   }
+  // The read path's single-rank run: the whole layer on the unsplit batch.
+  if (r.read) {
+    std::vector<read_path::BatchRequest> batch;
+    for (const auto& q : sreqs) batch.push_back({q.id, q.req.num_computed, q.req.query_len});
+    r.read->prepare(batch, 0);
+    if (kv.empty()) kv.assign(static_cast<size_t>(cols()), 0.0f);  // a view needs data even for no rows
+    pipeline::LayerInputs in = r.read->inputs();
+    in.kv_score = TensorView::contiguous(kv.data(), DType::F32, {std::max<int64_t>(N, 1), cols()});
+    r.read->layer().run(r.read->meta(), in);
+  }
+}
+
+void Simulation::Impl::init_read_path() {
+  read = std::make_unique<read_path::Setup>(read_path::make_setup(cfg, w, S, num_pages, ctable, ring_blocks,
+                                                                  RopeTable{rope_rows, rope}, norm_w, kPlainFp8Scale));
+  const StepBounds b = step_bounds(w);
+  for (int k = 0; k < P; ++k)  // a rank holds at most two chunks of each request (SPEC 7.2)
+    if (local(k)) ranks[static_cast<size_t>(k)].read = std::make_unique<read_path::Layer>(*read, b.padded, 2 * b.requests);
+  if (with_ref) ref.read = std::make_unique<read_path::Layer>(*read, b.tokens, b.requests);
+  write_prefixes();
+  if (with_ref && cfg.ratio == 2) {  // the single-rank layer's ring is the tail-policy reference's
+    const TensorView ring = ref.read->layer().ring();
+    std::memcpy(ring.data, ref.ring_tail.data(), ref.ring_tail.size() * sizeof(float));
+  }
+}
+
+// Requests admitted with num_computed > 0 had positions [0, start) computed before the
+// simulation: their SWA, compressed and index-K entries are written once, by the layer's write
+// half over each prefix as one fresh prefill, and copied into every layer, so that a continued
+// prefill attends to the keys its prefix would have left.
+void Simulation::Impl::write_prefixes() {
+  int64_t longest = 0;
+  for (const auto& r : w.requests)
+    if (!r.null_block) longest = std::max(longest, r.start);
+  if (longest == 0) return;
+  read_path::Layer pre(*read, longest, 1);
+  std::vector<int64_t> pos;
+  std::vector<int32_t> ids;
+  std::vector<float> kv;
+  for (size_t id = 0; id < w.requests.size(); ++id) {
+    const auto& r = w.requests[id];
+    if (r.null_block || r.start == 0) continue;
+    const read_path::BatchRequest q{static_cast<int32_t>(id), 0, r.start};
+    pre.prepare({&q, 1}, 0);
+    pos.resize(static_cast<size_t>(r.start));
+    for (int64_t p = 0; p < r.start; ++p) pos[static_cast<size_t>(p)] = p;
+    ids.assign(static_cast<size_t>(r.start), static_cast<int32_t>(id));
+    kv_rows(kv, r.start, ids, pos);
+    pipeline::LayerInputs in = pre.inputs();
+    in.kv_score = TensorView::contiguous(kv.data(), DType::F32, {r.start, cols()});
+    pre.layer().run_writes(pre.meta(), in);
+  }
+  for (RankState& rs : ranks)
+    if (rs.read) rs.read->copy_caches_from(pre);
+  if (ref.read) ref.read->copy_caches_from(pre);
+}
+
+// The gathered SWA slot mapping of the step from the global batch (SPEC 7.3), identical on every
+// rank: each token's slot, -1 for PAD rows and masked replicas; and the step's longest sequence.
+void Simulation::Impl::read_step_metadata() {
+  const int64_t G = static_cast<int64_t>(sreqs.size()), GP = static_cast<int64_t>(P) * plan.padded;
+  const int64_t W = read->serving.swa.block_table_width;
+  std::vector<int32_t> bt(static_cast<size_t>(G * W), 0);
+  step_max_seq = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const ScheduledRequest& q = sreqs[static_cast<size_t>(g)];
+    const std::vector<int32_t>& pages = read->requests[static_cast<size_t>(q.id)].swa_pages;
+    std::copy(pages.begin(), pages.end(), bt.begin() + g * W);
+    step_max_seq = std::max(step_max_seq, q.req.num_computed + q.req.query_len);
+  }
+  gathered_swa_slots.assign(static_cast<size_t>(GP), -1);
+  TokenSlotArgs a;
+  a.token_to_req = TensorView::contiguous(plan.gathered_req.data(), DType::I32, {GP});
+  a.positions = TensorView::contiguous(plan.gathered_positions.data(), DType::I64, {GP});
+  a.block_table = TensorView::contiguous(bt.data(), DType::I32, {G, W});
+  a.num_actual_tokens = GP;
+  a.page = read_path::kSwaPageTokens;
+  a.slots = v_i64(gathered_swa_slots, GP);
+  a.num_pages = read->serving.swa.num_pages;
+  build_token_slots(a);
+  for (int64_t row = 0; row < GP; ++row)
+    if (!plan.gathered_kv_write[static_cast<size_t>(row)]) gathered_swa_slots[static_cast<size_t>(row)] = -1;
+}
+
+// SPEC 7.6 steps 2-4 on rank k after its layer step: the step's kv rows gathered (every rank's
+// tokens) into the SWA cache, the gathered latents into the index-K cache (the layer step
+// inserted them into the compressed cache), then the attention of the rank's own query rows.
+void Simulation::Impl::read_rank(Communicator& comm, RankState& rs, int k, std::vector<int64_t>& gpos) {
+  const int64_t padded = plan.padded, GP = static_cast<int64_t>(P) * padded;
+  read_path::Layer& L = *rs.read;
+  rs.gathered_kv.resize(static_cast<size_t>(GP) * kLatentDim);
+  comm.all_gather(L.inputs().kv.data, static_cast<size_t>(padded) * kLatentDim * sizeof(uint16_t),
+                  rs.gathered_kv.data());
+  std::vector<int64_t> swa_slots = gathered_swa_slots;
+#if defined(DSV41KV_TEST_SEAMS)
+  if (cfg.fault == seam::PcpFault::kLocalSwaInsert)  // the other ranks' rows are not inserted
+    for (int64_t row = 0; row < GP; ++row)
+      if (row / padded != k) swa_slots[static_cast<size_t>(row)] = -1;
+#endif
+  ExecContext ctx;
+  ctx.num_threads = 1;
+  L.write_gathered(TensorView::contiguous(rs.gathered_kv.data(), DType::BF16, {GP, kLatentDim}),
+                   TensorView::contiguous(rs.gathered_latent.data(), DType::BF16, {GP, kLatentDim}), v_i64(gpos, GP),
+                   v_i64(swa_slots, GP), v_i64(gathered_cslots, GP), ctx);
+  L.layer().run_queries(L.meta(), L.inputs(), step_max_seq);
+#if defined(DSV41KV_TEST_SEAMS)
+  const int64_t n = plan.ranks[static_cast<size_t>(k)].num_tokens;
+  if (cfg.fault == seam::PcpFault::kPerturbAttention && k == P - 1 && n > 0)  // one element off by one ulp
+    L.layer().output().ptr<uint16_t>()[(n - 1) * cfg.num_heads * kLatentDim] ^= 1;
+#endif
+  rs.volume.swa_kv_sent = static_cast<uint64_t>(padded) * kLatentDim * sizeof(uint16_t);
+  rs.volume.swa_kv_received = static_cast<uint64_t>(GP) * kLatentDim * sizeof(uint16_t);
 }
 
 void Simulation::Impl::run_rank(Communicator& comm) {
@@ -478,6 +663,18 @@ void Simulation::Impl::run_rank(Communicator& comm) {
 
   rs.latent.assign(static_cast<size_t>(padded) * kLatentDim, kLatentCanary);
   rs.gathered_latent.assign(static_cast<size_t>(P * padded) * kLatentDim, kLatentCanary);
+  if (rs.read) {  // the rank's local batch: its chunks as requests (local positions and lengths)
+    std::vector<read_path::BatchRequest> batch;
+    for (const LocalSegment& seg : rb.segments) {
+      if (seg.global_req < 0) {
+        batch.emplace_back();
+        continue;
+      }
+      const ScheduledRequest& q = sreqs[static_cast<size_t>(seg.global_req)];
+      batch.push_back({q.id, q.req.num_computed + seg.chunk_offset, seg.len});
+    }
+    rs.read->prepare(batch, padded - rb.num_tokens);
+  }
   LayerStepArgs a;
   a.ratio = cfg.ratio;
   a.cap = cap;
@@ -494,6 +691,7 @@ void Simulation::Impl::run_rank(Communicator& comm) {
   a.gathered_cslots = v_i64(gathered_cslots, P * padded);
   a.rope_table = TensorView::contiguous(rope.data(), DType::F32, {rope_rows, 64});
   a.caches = rs.caches.views;
+  if (rs.read) a.caches.push_back(rs.read->layer().compressed_cache());  // the attention's, SPEC 7.6 step 2
   a.latent = TensorView::contiguous(rs.latent.data(), DType::BF16, {padded, kLatentDim});
   a.gathered_latent = TensorView::contiguous(rs.gathered_latent.data(), DType::BF16, {P * padded, kLatentDim});
 #if defined(DSV41KV_TEST_SEAMS)
@@ -509,6 +707,7 @@ void Simulation::Impl::run_rank(Communicator& comm) {
   rs.volume = rs.result.volume;
   rs.volume.positions_sent = static_cast<uint64_t>(padded) * 8;
   rs.volume.positions_received = static_cast<uint64_t>(P * padded) * 8;
+  if (rs.read) read_rank(comm, rs, k, gpos);
   const Communicator::Counters after = comm.counters();
   rs.measured_sent = after.bytes_sent - before.bytes_sent;
   rs.measured_received = after.bytes_received - before.bytes_received;
@@ -551,6 +750,7 @@ StepReport Simulation::run_step(int64_t i) {
     build_compressed_slots(a);
   }
 
+  if (m.read) m.read_step_metadata();
   if (m.external)
     m.run_rank(*m.external);
   else
@@ -589,6 +789,11 @@ StepReport Simulation::run_step(int64_t i) {
       if (m.w.requests[static_cast<size_t>(m.sreqs[static_cast<size_t>(g)].id)].null_block) ++rep.null_block_tokens;
       if (!m.plan.gathered_kv_write[static_cast<size_t>(row)]) ++rep.masked_replica_rows;
     }
+    if (rs.read) {
+      const pipeline::LayerStepStats& ls = rs.read->layer().last_stats();
+      rep.read += {ls.decode_rows, ls.prefill_rows, ls.prefill_chunks, ls.swa_keys, ls.topk_entries, ls.topk_max, 0};
+      rep.read.shortcut_steps = ls.shortcut ? 1 : 0;  // one step, whichever rank says it
+    }
     rep.volume.push_back(rs.volume);
     rep.measured_sent.push_back(rs.measured_sent);
     rep.measured_received.push_back(rs.measured_received);
@@ -599,6 +804,14 @@ StepReport Simulation::run_step(int64_t i) {
 
 namespace {
 
+// "page P byte B" of byte i of a cache backing with pages of `page_bytes` bytes, or of a CacheView's.
+std::function<std::string(int64_t)> page_byte(int64_t page_bytes) {
+  return [page_bytes](int64_t i) { return fmt::format("page {} byte {}", i / page_bytes, i % page_bytes); };
+}
+std::function<std::string(int64_t)> page_byte(const CacheView& c) {
+  return page_byte(c.page_stride * static_cast<int64_t>(dtype_size(record_info(c.format).element)));
+}
+
 struct Checker {
   int64_t step;
   CheckStats st;
@@ -606,41 +819,93 @@ struct Checker {
   void note(int rank, std::string tensor, int64_t index, std::string detail) {
     if (!first) first = Mismatch{step, rank, std::move(tensor), index, std::move(detail)};
   }
-  // One latent row (kLatentDim bf16) against its expected value: counts the elements that
-  // differ and returns the first one's dim, or -1 when the rows are identical.
-  int64_t latent_row(const uint16_t* got, const uint16_t* want) {
-    st.latent_elements += kLatentDim;
-    if (std::memcmp(got, want, kLatentDim * 2) == 0) return -1;
-    int64_t d0 = -1;
-    for (int d = 0; d < kLatentDim; ++d)
-      if (got[d] != want[d]) {
-        ++st.latent_mismatched;
-        if (d0 < 0) d0 = d;
-      }
-    return d0;
-  }
-  // Byte comparison of two buffers; counts and records the first difference.
+  // n elements against their expected values, bit for bit: counts them into `total` and those
+  // that differ into `bad`; returns the first differing index, or -1 when identical.
   template <class T>
-  void compare(const std::vector<T>& got, const std::vector<T>& want, int rank, const std::string& tensor,
-               uint64_t& total, uint64_t& bad,
-               const std::function<std::string(int64_t)>& describe = nullptr) {
-    total += got.size();
-    if (got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0) return;
+  static int64_t row(const T* got, const T* want, int64_t n, uint64_t& total, uint64_t& bad) {
+    total += static_cast<uint64_t>(n);
+    if (std::memcmp(got, want, static_cast<size_t>(n) * sizeof(T)) == 0) return -1;
+    int64_t first_i = -1;
+    for (int64_t i = 0; i < n; ++i)
+      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
+        ++bad;
+        if (first_i < 0) first_i = i;
+      }
+    return first_i;
+  }
+  // One latent row (kLatentDim bf16): the first differing dim, or -1.
+  int64_t latent_row(const uint16_t* got, const uint16_t* want) {
+    return row(got, want, kLatentDim, st.latent_elements, st.latent_mismatched);
+  }
+  // Comparison of two whole buffers; counts and records the first difference.
+  template <class T>
+  void compare(std::span<const T> got, std::span<const T> want, int rank, const std::string& tensor, uint64_t& total,
+               uint64_t& bad, const std::function<std::string(int64_t)>& describe = nullptr) {
     if (got.size() != want.size()) {
+      total += got.size();
       bad += std::max(got.size(), want.size());
       note(rank, tensor, 0, fmt::format("size {} vs {}", got.size(), want.size()));
       return;
     }
-    int64_t first_i = -1;
-    uint64_t here = 0;
-    for (size_t i = 0; i < got.size(); ++i)
-      if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-        ++here;
-        if (first_i < 0) first_i = static_cast<int64_t>(i);
-      }
-    bad += here;
+    const uint64_t before = bad;
+    const int64_t first_i = row(got.data(), want.data(), static_cast<int64_t>(got.size()), total, bad);
+    if (first_i < 0) return;
     note(rank, tensor, first_i,
-         fmt::format("{}{} of {} elements differ", describe ? describe(first_i) + "; " : "", here, got.size()));
+         fmt::format("{}{} of {} elements differ", describe ? describe(first_i) + "; " : "", bad - before, got.size()));
+  }
+  template <class T>
+  void compare(const std::vector<T>& got, const std::vector<T>& want, int rank, const std::string& tensor,
+               uint64_t& total, uint64_t& bad, const std::function<std::string(int64_t)>& describe = nullptr) {
+    compare(std::span<const T>(got), std::span<const T>(want), rank, tensor, total, bad, describe);
+  }
+
+  // The read path of rank k (`got`, its last step) against `want`: the SWA, compressed and
+  // index-K caches byte for byte, then every real local row i < n (decode copies included)
+  // against row want_row(i) of `want`: its top-k row, its attention output (bf16, after the
+  // inverse RoPE) and its lse, bit for bit. `versus` names `want` in the details.
+  void read_layer(int k, const read_path::Layer& got, const read_path::Layer& want, int64_t n,
+                 const std::function<int64_t(int64_t)>& want_row, const char* versus) {
+    const pipeline::AttentionLayer& g = got.layer();
+    const pipeline::AttentionLayer& e = want.layer();
+    compare(got.swa_bytes(), want.swa_bytes(), k, "read.swa_cache", st.read_cache_bytes, st.read_cache_mismatched,
+            page_byte(g.swa_cache()));
+    compare(got.compressed_bytes(), want.compressed_bytes(), k,
+            fmt::format("read.cache[{}]", record_info(g.compressed_cache().format).name), st.read_cache_bytes,
+            st.read_cache_mismatched, page_byte(g.compressed_cache()));
+    compare(got.index_k_bytes(), want.index_k_bytes(), k, "read.index_k_cache", st.read_cache_bytes,
+            st.read_cache_mismatched, page_byte(g.index_k_cache().page_stride));
+    const int64_t H = g.output().shape[1], Hp = g.lse().shape[1], O = H * kLatentDim;
+    const auto* go = g.output().ptr<const uint16_t>();
+    const auto* eo = e.output().ptr<const uint16_t>();
+    const auto* gl = g.lse().ptr<const float>();
+    const auto* el = e.lse().ptr<const float>();
+    const auto* gt = got.shared().topk().ptr<const int32_t>();
+    const auto* et = want.shared().topk().ptr<const int32_t>();
+    const std::span<const pipeline::TokenId> tokens = got.tokens();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = want_row(i);
+      const pipeline::TokenId& id = tokens[static_cast<size_t>(i)];
+      auto where = [&](const char* what) {
+        return fmt::format("local token {} (request {}, position {}) {}", i, id.request, id.position, what);
+      };
+      ++st.attention_rows;
+      const int64_t t0 = row(gt + i * kIndexTopk, et + j * kIndexTopk, kIndexTopk, st.topk_entries, st.topk_mismatched);
+      if (t0 >= 0)
+        note(k, "attention.topk", i * kIndexTopk + t0,
+             fmt::format("{}: {} vs {} {}", where(fmt::format("entry {}", t0).c_str()), gt[i * kIndexTopk + t0], versus,
+                         et[j * kIndexTopk + t0]));
+      const int64_t o0 = row(go + i * O, eo + j * O, O, st.output_elements, st.output_mismatched);
+      if (o0 >= 0)
+        note(k, "attention.out", i * O + o0,
+             fmt::format("{}: 0x{:04x} vs {} 0x{:04x}",
+                         where(fmt::format("head {} dim {}", o0 / kLatentDim, o0 % kLatentDim).c_str()), go[i * O + o0],
+                         versus, eo[j * O + o0]));
+      const int64_t l0 = row(gl + i * Hp, el + j * Hp, Hp, st.lse_elements, st.lse_mismatched);
+      if (l0 >= 0)
+        note(k, "attention.lse", i * Hp + l0,
+             fmt::format("{}: {} vs {} {}", where(fmt::format("head {}", l0).c_str()), gl[i * Hp + l0], versus,
+                         el[j * Hp + l0]));
+    }
   }
 };
 
@@ -758,12 +1023,9 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
   // 3. Every byte of every compressed-cache backing, every format, every rank.
   for (int k = 0; k < P; ++k)
     for (size_t f = 0; f < m.cfg.formats.size(); ++f) {
-      const CacheView& v = m.ref.caches.views[f];
-      const int64_t page_bytes = v.page_stride * static_cast<int64_t>(dtype_size(record_info(v.format).element));
-      auto where = [page_bytes](int64_t i) { return fmt::format("page {} byte {}", i / page_bytes, i % page_bytes); };
       ck.compare(m.ranks[static_cast<size_t>(k)].caches.backing[f], m.ref.caches.backing[f], k,
                  fmt::format("cache[{}]", record_info(m.cfg.formats[f]).name), ck.st.cache_bytes,
-                 ck.st.cache_mismatched, where);
+                 ck.st.cache_mismatched, page_byte(m.ref.caches.views[f]));
     }
 
   // 4. Rings: equal across ranks, equal to the open-row reference, newest open rows equal to
@@ -798,6 +1060,12 @@ std::optional<Mismatch> Simulation::check_step(CheckStats* stats) const {
       }
     }
   }
+  // 5. The read path: every rank's caches and token rows against the single-rank run's rows of
+  //    the same tokens (a rank's local row i is the global token gathered_source[k * padded + i]).
+  if (m.ref.read)
+    for (int k = 0; k < P; ++k)
+      ck.read_layer(k, *m.ranks[static_cast<size_t>(k)].read, *m.ref.read, plan.ranks[static_cast<size_t>(k)].num_tokens,
+                    [&](int64_t i) { return plan.gathered_source[static_cast<size_t>(k * padded + i)]; }, "single-rank");
   if (stats) *stats += ck.st;
   return ck.first;
 }
@@ -808,9 +1076,10 @@ std::optional<Mismatch> Simulation::compare_rank(const Simulation& other, CheckS
   const Impl& m = *impl_;
   const Impl& o = *other.impl_;
   if (m.P != o.P || m.cfg.ratio != o.cfg.ratio || m.cfg.formats.size() != o.cfg.formats.size() ||
-      m.w.steps.size() != o.w.steps.size())
-    invalid_argument(fmt::format("compare_rank: simulations differ in P ({} vs {}), ratio, formats or workload "
-                                 "(expected the same run)", m.P, o.P));
+      m.w.steps.size() != o.w.steps.size() || m.cfg.read_path != o.cfg.read_path ||
+      (m.cfg.read_path && m.cfg.num_heads != o.cfg.num_heads))
+    invalid_argument(fmt::format("compare_rank: simulations differ in P ({} vs {}), ratio, formats, workload or read "
+                                 "path (expected the same run)", m.P, o.P));
   if (m.next_step == 0 || m.next_step != o.next_step)
     invalid_argument(fmt::format("compare_rank: at steps {} and {} (expected the same step, after one ran)",
                                  m.next_step, o.next_step));
@@ -849,6 +1118,8 @@ std::optional<Mismatch> Simulation::compare_rank(const Simulation& other, CheckS
                  fmt::format("cache[{}]", record_info(m.cfg.formats[f]).name), ck.st.cache_bytes,
                  ck.st.cache_mismatched);
     if (m.cfg.ratio == 2) ck.compare(rs.ring, os.ring, k, "ring", ck.st.ring_floats, ck.st.ring_mismatched);
+    if (rs.read && os.read)
+      ck.read_layer(k, *rs.read, *os.read, rb.num_tokens, [](int64_t i) { return i; }, "the other run's");
   }
   if (stats) *stats += ck.st;
   return ck.first;

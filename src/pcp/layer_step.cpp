@@ -20,11 +20,13 @@ CommVolume& CommVolume::operator+=(const CommVolume& o) {
   rows_received += o.rows_received;
   latents_sent += o.latents_sent;
   latents_received += o.latents_received;
+  swa_kv_sent += o.swa_kv_sent;
+  swa_kv_received += o.swa_kv_received;
   replaced_received += o.replaced_received;
   return *this;
 }
 
-CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio) {
+CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int ratio, bool swa_kv) {
   if (P < 1 || padded < 0 || num_rows < 0 || (ratio != 1 && ratio != 2))
     invalid_argument(fmt::format(
         "expected_comm_volume: P = {}, padded = {}, num_rows = {}, ratio = {} (expected P >= 1, "
@@ -36,6 +38,10 @@ CommVolume expected_comm_volume(int P, int64_t padded, int64_t num_rows, int rat
   v.positions_received = p * n * 8;
   v.latents_sent = n * kLatentDim * 2;
   v.latents_received = p * n * kLatentDim * 2;
+  if (swa_kv) {
+    v.swa_kv_sent = n * kLatentDim * 2;
+    v.swa_kv_received = p * n * kLatentDim * 2;
+  }
   if (ratio == 2) {
     v.keys_sent = m * 8;
     v.keys_received = p * m * 8;

@@ -160,16 +160,19 @@ const char* fault_name(PcpFault f) {
     case PcpFault::kDropGatheredPredecessors: return "drop-gathered-predecessors";
     case PcpFault::kReverseTieBreak: return "reverse-tie-break";
     case PcpFault::kSkipSaveRingRows: return "skip-save-ring-rows";
+    case PcpFault::kLocalSwaInsert: return "local-swa-insert";
+    case PcpFault::kPerturbAttention: return "perturb-attention";
   }
   return "?";
 }
 
 PcpFault parse_fault(const std::string& name) {
   for (PcpFault f : {PcpFault::kNone, PcpFault::kDropGatheredPredecessors, PcpFault::kReverseTieBreak,
-                     PcpFault::kSkipSaveRingRows})
+                     PcpFault::kSkipSaveRingRows, PcpFault::kLocalSwaInsert, PcpFault::kPerturbAttention})
     if (name == fault_name(f)) return f;
   invalid_argument("fault '" + name +
-                   "': expected none, drop-gathered-predecessors, reverse-tie-break or skip-save-ring-rows");
+                   "': expected none, drop-gathered-predecessors, reverse-tie-break, skip-save-ring-rows, "
+                   "local-swa-insert or perturb-attention");
 }
 
 pcp::LinkResult link_resolve_reversed_ties(const pcp::LinkInput& in, const pcp::LinkLocal& local,

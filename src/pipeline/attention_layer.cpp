@@ -23,6 +23,8 @@ namespace {
 
 constexpr const char* kCtor = "AttentionLayer";
 constexpr const char* kRun = "AttentionLayer::run";
+constexpr const char* kRunQueries = "AttentionLayer::run_queries";
+constexpr const char* kRunWrites = "AttentionLayer::run_writes";
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // A 3-D view [rows >= min_rows, d1, d2] of dtype dt with inner stride 1.
@@ -180,6 +182,12 @@ struct AttentionLayer::Impl {
   std::vector<int32_t> h_seq, h_glen, h_gstart, h_t2r;
   LayerStepStats stats;
   uint64_t generation = 0;
+  // The step being run: run(), run_queries() (the caller wrote the caches) or run_writes() (no
+  // reads), and the seq_len that decides the shortcut (meta's own, or the global step's for a
+  // PCP rank).
+  enum class Mode : uint8_t { kFull, kQueries, kWrites } mode = Mode::kFull;
+  int64_t shortcut_len = 0;
+  Buffer no_slots;  // i64 [max_tokens] of -1: the query RoPE of run_queries() inserts nothing
 
   const AttentionLayer* kv_source() const { return shared->layer(info.kv_src); }
   const Impl& kv_impl() const;
@@ -188,6 +196,7 @@ struct AttentionLayer::Impl {
   void index(const StepMetadata& meta, const LayerInputs& in);
   void attend(const StepMetadata& meta);
   void count(const StepMetadata& meta);
+  void step(const StepMetadata& meta, const LayerInputs& in);
 };
 
 AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& read, const ModelConfig& model,
@@ -297,6 +306,8 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   m.h_glen.resize(Rq);
   m.h_gstart.resize(Rq);
   m.h_t2r.resize(T);
+  m.no_slots = Buffer(Device::CPU, T * sizeof(int64_t));
+  m.no_slots.fill(0xFF);
   shared.impl().layers[static_cast<size_t>(layer)] = this;
 }
 
@@ -307,6 +318,7 @@ AttentionLayer::~AttentionLayer() {
 const AttentionLayer::Impl& AttentionLayer::Impl::kv_impl() const { return *kv_source()->impl_; }
 
 void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in) const {
+  const char* op = mode == Mode::kQueries ? kRunQueries : mode == Mode::kWrites ? kRunWrites : kRun;
   const ServingConfig& o = meta.config();
   const bool same = o.device == cfg.device && o.max_tokens == cfg.max_tokens && o.max_requests == cfg.max_requests &&
                     o.num_speculative_tokens == cfg.num_speculative_tokens && o.serves_swa() &&
@@ -316,58 +328,58 @@ void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in
                                 o.compressed(r).num_pages == cfg.compressed(r).num_pages &&
                                 (r == 1 || (o.ring_capacity() == cfg.ring_capacity() && o.ring_blocks == cfg.ring_blocks))));
   if (!same)
-    detail::bad_arg(kRun, "meta", fmt::format("built for another configuration than layer {}'s (device, max_tokens, "
+    detail::bad_arg(op, "meta", fmt::format("built for another configuration than layer {}'s (device, max_tokens, "
                                               "max_requests, speculative tokens, SWA or c{}a geometry, ring), expected "
                                               "the layer's", info.index, r));
   if (meta.max_position() >= table_rows)
-    detail::bad_arg(kRun, "meta", fmt::format("position {} has no row in layer {}'s RoPE table of {} rows",
+    detail::bad_arg(op, "meta", fmt::format("position {} has no row in layer {}'s RoPE table of {} rows",
                                               meta.max_position(), info.index, table_rows));
   if (meta.max_seq_len() > read.max_model_len)
     detail::bad_arg(kRun, "meta", fmt::format("a sequence of {} tokens, expected at most read.max_model_len = {} (the "
                                               "prefill workspace's size, SPEC 9.5)", meta.max_seq_len(), read.max_model_len));
   const int64_t N = meta.num_rows();
-  need_3d(kRun, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1");
-  detail::need_rows(kRun, in.kv, "in.kv", DType::BF16, kLatentDim, N, "bf16 [>= N, 512]");
-  detail::need_contiguous(kRun, in.kv, "in.kv");
-  detail::need_on(kRun, in.kv, "in.kv", Device::CPU);
-  if (info.is_kv_source) {
-    detail::need_rows(kRun, in.kv_score, "in.kv_score", DType::F32, int64_t{512} * r, N, "f32 [>= N, 512 r]");
-    detail::need_row_stride16(kRun, in.kv_score, "in.kv_score");
-    detail::need_on(kRun, in.kv_score, "in.kv_score", Device::CPU);
-  } else {
-    need_absent(kRun, in.kv_score, "in.kv_score", "the layer is not a kv source");
+  need_3d(op, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1");
+  detail::need_rows(op, in.kv, "in.kv", DType::BF16, kLatentDim, N, "bf16 [>= N, 512]");
+  detail::need_contiguous(op, in.kv, "in.kv");
+  detail::need_on(op, in.kv, "in.kv", Device::CPU);
+  if (info.is_kv_source && mode != Mode::kQueries) {
+    detail::need_rows(op, in.kv_score, "in.kv_score", DType::F32, int64_t{512} * r, N, "f32 [>= N, 512 r]");
+    detail::need_row_stride16(op, in.kv_score, "in.kv_score");
+    detail::need_on(op, in.kv_score, "in.kv_score", Device::CPU);
+  } else if (!info.is_kv_source) {
+    need_absent(op, in.kv_score, "in.kv_score", "the layer is not a kv source");
   }
   if (info.is_index_source) {
-    need_3d(kRun, in.index_q, "in.index_q", DType::BF16, kIndexHeads, kIndexHeadDim, N, "bf16 [>= N, 32, 128]");
-    detail::need_contiguous(kRun, in.index_q, "in.index_q");
-    detail::need_rows(kRun, in.w_raw, "in.w_raw", DType::BF16, kIndexHeads, N, "bf16 [>= N, 32]");
-    detail::need_contiguous(kRun, in.w_raw, "in.w_raw");
-    detail::need_on(kRun, in.w_raw, "in.w_raw", Device::CPU);
+    need_3d(op, in.index_q, "in.index_q", DType::BF16, kIndexHeads, kIndexHeadDim, N, "bf16 [>= N, 32, 128]");
+    detail::need_contiguous(op, in.index_q, "in.index_q");
+    detail::need_rows(op, in.w_raw, "in.w_raw", DType::BF16, kIndexHeads, N, "bf16 [>= N, 32]");
+    detail::need_contiguous(op, in.w_raw, "in.w_raw");
+    detail::need_on(op, in.w_raw, "in.w_raw", Device::CPU);
   } else {
-    need_absent(kRun, in.index_q, "in.index_q", "the layer is not an index source");
-    need_absent(kRun, in.w_raw, "in.w_raw", "the layer is not an index source");
+    need_absent(op, in.index_q, "in.index_q", "the layer is not an index source");
+    need_absent(op, in.w_raw, "in.w_raw", "the layer is not an index source");
   }
   if (r == 0) return;
   // SPEC 1.3: the caches of the kv source and the top-k of the index source must be this step's.
   const AttentionLayer* src = kv_source();
   if (!info.is_kv_source && (src == nullptr || src->last_generation() != meta.generation()))
-    detail::bad_arg(kRun, "meta",
+    detail::bad_arg(op, "meta",
                     fmt::format("layer {} reads the caches of its kv source {}, which {} on this step; expected the "
                                 "source to run first", info.index, info.kv_src,
                                 src == nullptr ? "does not exist in the model's layers" : "has not run"));
   const LayerShared::Impl& sh = shared->impl();
   if (!info.is_index_source && (sh.topk_writer != info.idx_src || sh.topk_gen != meta.generation()))
-    detail::bad_arg(kRun, "meta",
+    detail::bad_arg(op, "meta",
                     fmt::format("layer {} reads the top-k of its index source {}, but the shared top-k buffer holds {} "
                                 "; expected the source to run first on this step", info.index, info.idx_src,
                                 sh.topk_writer < 0 ? std::string("nothing yet")
                                                    : fmt::format("layer {}'s of {} step", sh.topk_writer,
                                                                  sh.topk_gen == meta.generation() ? "this" : "another")));
   if (info.is_candidate_consumer &&
-      !indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph)) {
+      !indexer_takes_shortcut(shortcut_len, r, read.capturing_cuda_graph)) {
     // the candidate source is layer kv_src for a consumer (SPEC 8.7: it scores that cache)
     if (sh.candidates_gen != meta.generation() || sh.candidates_writer != info.kv_src)
-      detail::bad_arg(kRun, "meta",
+      detail::bad_arg(op, "meta",
                       fmt::format("layer {} is a candidate consumer, but the candidates buffer holds {}; expected the "
                                   "candidate source to run first on this step", info.index,
                                   sh.candidates_writer < 0 ? std::string("nothing yet")
@@ -376,19 +388,46 @@ void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in
 }
 
 void AttentionLayer::run(const StepMetadata& meta, const LayerInputs& in) {
-  Impl& m = *impl_;
-  m.check(meta, in);
-  const auto t0 = std::chrono::steady_clock::now();
-  m.stats = {};
-  m.write_caches(meta, in);
-  m.generation = meta.generation();
-  if (m.info.is_index_source) m.index(meta, in);
-  m.attend(meta);
-  m.count(meta);
-  m.stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  impl_->mode = Impl::Mode::kFull;
+  impl_->shortcut_len = meta.max_seq_len();
+  impl_->step(meta, in);
 }
 
-// (query RoPE + SWA insert) || compressor -> compressed insert || index-K store
+void AttentionLayer::run_writes(const StepMetadata& meta, const LayerInputs& in) {
+  impl_->mode = Impl::Mode::kWrites;
+  impl_->shortcut_len = meta.max_seq_len();
+  impl_->step(meta, in);
+}
+
+void AttentionLayer::run_queries(const StepMetadata& meta, const LayerInputs& in, int64_t step_max_seq_len) {
+  if (step_max_seq_len < meta.max_seq_len())
+    detail::bad_arg(kRunQueries, "step_max_seq_len",
+                    fmt::format("{}, expected the global step's largest seq_len, >= the batch's {}", step_max_seq_len,
+                                meta.max_seq_len()));
+  impl_->mode = Impl::Mode::kQueries;
+  impl_->shortcut_len = step_max_seq_len;
+  impl_->step(meta, in);
+}
+
+void AttentionLayer::Impl::step(const StepMetadata& meta, const LayerInputs& in) {
+  check(meta, in);
+  const auto t0 = std::chrono::steady_clock::now();
+  stats = {};
+  write_caches(meta, in);
+  generation = meta.generation();
+  if (mode == Mode::kWrites) {
+    stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return;
+  }
+  if (info.is_index_source) index(meta, in);
+  attend(meta);
+  count(meta);
+  if (mode == Mode::kQueries) stats.swa_records = stats.compressed_records = stats.index_keys = 0;
+  stats.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// (query RoPE + SWA insert) || compressor -> compressed insert || index-K store; run_queries():
+// the query RoPE alone
 void AttentionLayer::Impl::write_caches(const StepMetadata& meta, const LayerInputs& in) {
   const ExecContext& ctx = cfg.exec;
   const int64_t N = meta.num_rows();
@@ -398,11 +437,11 @@ void AttentionLayer::Impl::write_caches(const StepMetadata& meta, const LayerInp
   sa.q = rows_of(in.q, 0, N);
   sa.positions = meta.positions();
   sa.rope_table = table;
-  sa.slot_swa = meta.swa_slots();
+  sa.slot_swa = mode == Mode::kQueries ? no_slots.view(DType::I64, {N}) : meta.swa_slots();
   sa.cache = swa;
   sa.q_out = q_rot.view(DType::BF16, {N, Hp, kLatentDim});
   swa_insert_q_rope(sa, ctx);
-  if (!info.is_kv_source) return;
+  if (!info.is_kv_source || mode == Mode::kQueries) return;
   const TensorView lat = latent.view(DType::BF16, {N, kLatentDim});
   const TensorView cslots = meta.compressed_slots(r);
   CompressArgs c;
@@ -450,7 +489,7 @@ void AttentionLayer::Impl::index(const StepMetadata& meta, const LayerInputs& in
   const TensorView table = rope.view(DType::F32, {table_rows, kRopeTableWidth});
   const TensorView topk = shared->topk();
   const TensorView pos = meta.positions(), valid = meta.token_valid();
-  stats.shortcut = indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph);
+  stats.shortcut = indexer_takes_shortcut(shortcut_len, r, read.capturing_cuda_graph);
   if (stats.shortcut) {
     IndexerShortcutArgs a;
     a.ratio = r;
@@ -651,7 +690,7 @@ void AttentionLayer::Impl::count(const StepMetadata& meta) {
     const auto* tk = shared->topk().ptr<const int32_t>();
     const auto* cand = shared->candidates().ptr<const int32_t>();
     const bool cand_used = !stats.shortcut && (info.is_candidate_source || info.is_candidate_consumer) &&
-                           !indexer_takes_shortcut(meta.max_seq_len(), r, read.capturing_cuda_graph);
+                           !indexer_takes_shortcut(shortcut_len, r, read.capturing_cuda_graph);
     for (int64_t t = 0; t < A; ++t) {
       if (slot[t] < 0) continue;
       const int64_t nc = closed_groups(pos[t] + 1, int64_t{r});

@@ -9,47 +9,13 @@
 
 #include "dsv41kv/test_seam.hpp"
 #include "dsv41kv/pcp_sim.hpp"
+#include "oracles/pcp_workloads.hpp"
 
 using namespace dsv41kv;
 using namespace dsv41kv::pcp;
+using namespace dsv41kv::pcp::test_workloads;
 
 namespace {
-
-int sweep() {
-  if (const char* e = std::getenv("DSV41KV_PCP_SWEEP")) return std::max(1, std::atoi(e));
-  return 16;
-}
-
-// A small random workload: odd and even starts, chunked prefills (jittered budget), decodes,
-// null-block requests, graph padding; page size small so that block tables matter.
-WorkloadConfig random_config(uint64_t seed) {
-  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 12345;
-  auto next = [&](int64_t lo, int64_t hi) {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return lo + static_cast<int64_t>(s % static_cast<uint64_t>(hi - lo + 1));
-  };
-  WorkloadConfig c;
-  c.seed = seed;
-  c.num_requests = next(3, 7);
-  c.prompt_min = next(1, 6);
-  c.prompt_max = next(c.prompt_min + 1, 48);
-  c.start_min = 0;
-  c.start_max = next(1, 11);
-  c.decode_steps = next(0, 4);
-  c.chunk_budget = next(6, 40);
-  c.jitter_budget = true;
-  c.max_num_seqs = next(2, 4);
-  c.null_block_fraction = 0.3;
-  const int64_t pads[] = {0, 0, 4, 16};
-  c.graph_pad_multiple = pads[next(0, 3)];
-  return c;
-}
-
-uint64_t property_seed(int P, DecodePlacement pl, int ratio, int i) {
-  return static_cast<uint64_t>(1000 * P + 100 * ratio + i + (pl == DecodePlacement::kOwner ? 50 : 0));
-}
 
 struct Coverage {
   int64_t steps = 0, prev_from_gathered = 0, prev_from_ring = 0, ring_writes = 0;

@@ -24,50 +24,110 @@ CliRun run(const std::string& args) {
 
 }  // namespace
 
+// The default workload (8 query heads to keep the debug builds quick): the write path and the read
+// path identical to P = 1 for every P, a line each.
 TEST(CliRun, DefaultVerifyIsIdenticalAndPrintsCommunication) {
-  const CliRun r = run("--pcp 2,4,8 --verify");
+  const CliRun r = run("--pcp 2,3,4,8 --verify --heads 8");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
-  for (int P : {2, 4, 8}) {
-    EXPECT_NE(r.out.find("P = " + std::to_string(P)), std::string::npos);
-    EXPECT_NE(r.out.find("verify P=" + std::to_string(P) + ": identical"), std::string::npos) << r.out;
+  for (int P : {2, 3, 4, 8}) {
+    const std::string p = std::to_string(P);
+    EXPECT_NE(r.out.find("P = " + p), std::string::npos);
+    EXPECT_NE(r.out.find("verify P=" + p + ": identical"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("verify P=" + p + " attention: identical to P=1 at all 14 steps"), std::string::npos) << r.out;
   }
+  EXPECT_NE(r.out.find("read path: 8 heads, compressed cache v4_584, SWA cache v4_584"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("read path over all ranks:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("swa kv"), std::string::npos);
   EXPECT_NE(r.out.find("kv all-gath"), std::string::npos);
   EXPECT_NE(r.out.find("ratio-2 linking"), std::string::npos);
 }
 
+// The model's 64 heads (the default), always scored, ratio 1, and the read path turned off.
+TEST(CliRun, ReadPathOptions) {
+  const CliRun r = run("--pcp 2 --verify --requests 3 --prompt-len 3:30 --ratio 1 --topk scored");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("read path: 64 heads"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("top-k always scored"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("top-k from the shortcut at 0 of"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verify P=2 attention: identical"), std::string::npos) << r.out;
+  const CliRun off = run("--pcp 2 --verify --steps 2 --read-path off");
+  ASSERT_EQ(off.code, 0) << off.out << off.err;
+  EXPECT_NE(off.out.find("read path: not run (--read-path off)"), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("verify P=2 attention: not checked (--read-path off)"), std::string::npos) << off.out;
+  EXPECT_NE(off.out.find("verify P=2: identical"), std::string::npos) << off.out;
+  for (const std::string bad : {"--heads 12", "--topk best", "--read-path maybe", "--read-path off --mutation perturb-attention"}) {
+    const CliRun b = run("--pcp 2 --steps 1 " + bad);
+    EXPECT_EQ(b.code, 2) << bad << "\n" << b.out << b.err;
+  }
+}
+
 TEST(CliRun, JsonCarriesPerRankBytesThatMatchTheCommunicator) {
-  const CliRun r = run("--pcp 3 --verify --json --requests 5 --prompt-len 3:40 --decode-placement owner");
+  const CliRun r = run("--pcp 3 --verify --json --requests 5 --prompt-len 3:40 --decode-placement owner --heads 8");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   const auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["runs"].size(), 1u);
+  EXPECT_TRUE(j["workload"]["read_path"].get<bool>());
   const auto& run0 = j["runs"][0];
   EXPECT_EQ(run0["P"], 3);
   EXPECT_TRUE(run0["verify"]["identical"].get<bool>());
+  const auto& attn = run0["verify"]["attention"];
+  EXPECT_TRUE(attn["checked"].get<bool>());
+  EXPECT_TRUE(attn["identical"].get<bool>());
   ASSERT_GT(run0["steps"].size(), 0u);
+  uint64_t rows = 0;
   for (const auto& s : run0["steps"]) {
     ASSERT_EQ(s["ranks"].size(), 3u);
     for (const auto& rk : s["ranks"]) {
       EXPECT_EQ(rk["received"], rk["measured_received"]);
       EXPECT_EQ(rk["sent"], rk["measured_sent"]);
       EXPECT_EQ(rk["replaced_allgather_received"].get<uint64_t>(), 3u * s["padded"].get<uint64_t>() * 4096u);
+      EXPECT_EQ(rk["swa_kv_received"].get<uint64_t>(), 3u * s["padded"].get<uint64_t>() * 1024u);
     }
+    uint64_t step_rows = 0;
+    for (const auto& n : s["tokens_per_rank"]) step_rows += n.get<uint64_t>();
+    rows += step_rows;
+    EXPECT_EQ(s["read_path"]["decode_rows"].get<uint64_t>() + s["read_path"]["prefill_rows"].get<uint64_t>(), step_rows);
   }
+  // every row of every rank compared: its top-k row, 8 x 512 outputs and 8 lse
+  EXPECT_EQ(attn["token_rows"].get<uint64_t>(), rows);
+  EXPECT_EQ(attn["output_elements"].get<uint64_t>(), rows * 8 * 512);
+  EXPECT_EQ(attn["lse_elements"].get<uint64_t>(), rows * 8);
+  EXPECT_EQ(attn["topk_entries"].get<uint64_t>(), rows * 512);
+  EXPECT_EQ(attn["output_mismatched"].get<uint64_t>(), 0u);
+  EXPECT_GT(attn["read_cache_bytes"].get<uint64_t>(), 0u);
+  EXPECT_GT(run0["read_path"]["swa_keys"].get<int64_t>(), 0);
 }
 
 TEST(CliRun, RatioOneAndFormatsAndStepLimit) {
-  const CliRun r = run("--pcp 2,3 --verify --ratio 1 --format v4_584,bf16 --steps 3 --seed 9");
+  const CliRun r = run("--pcp 2,3 --verify --ratio 1 --format v4_584,bf16 --steps 3 --seed 9 --heads 8");
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("identical to P=1 at all 3 steps"), std::string::npos) << r.out;
 }
 
 TEST(CliRun, AMutationMakesVerifyExit1WithTheFirstDifference) {
-  const CliRun r = run("--pcp 2 --verify --mutation drop-gathered-predecessors");
+  const CliRun r = run("--pcp 2 --verify --heads 8 --mutation drop-gathered-predecessors");
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_NE(r.out.find("DIFFERENCE at step"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tensor latent index"), std::string::npos) << r.out;
-  const CliRun s = run("--pcp 4 --verify --mutation skip-save-ring-rows");
+  const CliRun s = run("--pcp 4 --verify --heads 8 --mutation skip-save-ring-rows");
   EXPECT_EQ(s.code, 1);
   EXPECT_NE(s.out.find("tensor ring"), std::string::npos) << s.out;
+}
+
+// The read path's seam: one bf16 element of the last rank's output off by one ulp, and the SWA
+// insert of each rank's own rows only; both make --verify exit 1 naming the tensor and the rank.
+TEST(CliRun, AWrongAttentionOutputOnOneRankMakesVerifyExit1) {
+  const CliRun r = run("--pcp 2,3 --verify --heads 8 --mutation perturb-attention");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_NE(r.out.find("verify P=2: DIFFERENCE at step 0 rank 1 tensor attention.out"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verify P=3: DIFFERENCE at step 0 rank 2 tensor attention.out"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("verify P=2 attention: 1 of"), std::string::npos) << r.out;
+  const CliRun s = run("--pcp 2 --verify --heads 8 --mutation local-swa-insert --json");
+  EXPECT_EQ(s.code, 1) << s.out << s.err;
+  const auto j = nlohmann::json::parse(s.out);
+  EXPECT_EQ(j["runs"][0]["verify"]["first_difference"]["tensor"], "read.swa_cache");
+  EXPECT_FALSE(j["runs"][0]["verify"]["attention"]["identical"].get<bool>());
+  EXPECT_GT(j["runs"][0]["verify"]["attention"]["output_mismatched"].get<uint64_t>(), 0u);
 }
 
 TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
@@ -101,11 +161,11 @@ TEST(CliRun, BadFlagsExit2AndSpecWithPcpIsE6) {
   EXPECT_NE(e6.err.find("E6:"), std::string::npos) << e6.err;
   EXPECT_NE(e6.err.find("speculative decoding"), std::string::npos) << e6.err;
   // the largest seed is taken as written (CLI11 alone wrapped -1 and saturated 2^64 to it)
-  const CliRun top = run("--pcp 1 --steps 1 --seed 18446744073709551615");
+  const CliRun top = run("--pcp 1 --steps 1 --heads 8 --seed 18446744073709551615");
   EXPECT_EQ(top.code, 0) << top.err;
   EXPECT_NE(top.out.find("seed 18446744073709551615,"), std::string::npos) << top.out;
   // P = 1 with speculative tokens is no PCP: allowed.
-  EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2").code, 0);
+  EXPECT_EQ(run("--pcp 1 --num-speculative-tokens 1 --steps 2 --heads 8").code, 0);
 }
 
 // The worker loop behind `run --launch local` (pcp::run_worker_rank) with P ranks as threads on

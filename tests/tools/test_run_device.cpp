@@ -39,6 +39,13 @@ TEST(RunDevice, BadCombinationsExit2) {
   const CliRun ks = run_cli("run --pcp 2 --steps 3 --kill-at-step 1", tmp);  // a step but no rank
   EXPECT_EQ(ks.code, 2);
   EXPECT_NE(ks.err.find("--kill-at-step 1 without --kill-rank"), std::string::npos) << ks.err;
+  // the read path runs on the CPU only: asking for it, or for its faults, on cuda is refused
+  const CliRun rp = run_cli("run --pcp 2 --steps 1 --device cuda --read-path on", tmp);
+  EXPECT_EQ(rp.code, 2);
+  EXPECT_NE(rp.err.find("runs on the CPU only"), std::string::npos) << rp.err;
+  const CliRun rm = run_cli("run --pcp 2 --steps 1 --device cuda --mutation perturb-attention", tmp);
+  EXPECT_EQ(rm.code, 2);
+  EXPECT_NE(rm.err.find("breaks the read path"), std::string::npos) << rm.err;
   if (cuda_device_available()) {
     const CliRun d = run_cli("run --pcp 2,4 --device cuda --launch local", tmp);  // one P per launch
     EXPECT_EQ(d.code, 2);
@@ -55,7 +62,7 @@ TEST(RunDevice, BadCombinationsExit2) {
 
 TEST(RunDevice, CpuDefaultIsUnchanged) {
   TempDir tmp;
-  const CliRun r = run_cli("run --pcp 2 --steps 3 --verify", tmp);
+  const CliRun r = run_cli("run --pcp 2 --steps 3 --verify --heads 8", tmp);
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("verify P=2: identical to P=1 at all 3 steps"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("gpu ms"), std::string::npos);

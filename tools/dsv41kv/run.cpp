@@ -4,6 +4,12 @@
 // single-rank runs. Exit codes: 0 identical (or no --verify), 1 a difference (the first one is
 // printed), 2 bad flags or arguments.
 //
+// The read path (--read-path, on by default on the CPU): every rank also inserts the step's
+// gathered kv rows into its SWA cache and the gathered latents into its index-K cache, and runs
+// the indexer and the attention of its own query rows (SPEC 7.6 steps 2-4); --verify then also
+// compares every token's top-k row, attention output and lse, on the rank that holds it, with the
+// single-rank layer, and the read path's caches byte for byte.
+//
 // --device cuda: every rank's ring, caches and latents on the GPU (P ranks as threads sharing
 // GPU 0); --verify checks the GPU's bytes (copied back) against the CPU single-rank references.
 // --launch local (with --device cuda, one P): P worker processes of this binary, one per GPU,
@@ -55,6 +61,9 @@ struct RunOptions {
   int64_t num_spec = 0;
   bool json = false;
   bool verify = false;
+  std::string read_path = "auto";  // auto: on with --device cpu, off with cuda (no kernels yet)
+  int heads = 64;
+  std::string topk = "auto";
   std::string mutation = "none";  // hidden, test-only
   std::string device = "cpu";
   std::string launch = "none";
@@ -127,8 +136,15 @@ nlohmann::json volume_json(const pcp::CommVolume& v) {
           {"positions_sent", v.positions_sent}, {"positions_received", v.positions_received},
           {"rows_sent", v.rows_sent},           {"rows_received", v.rows_received},
           {"latents_sent", v.latents_sent},     {"latents_received", v.latents_received},
+          {"swa_kv_sent", v.swa_kv_sent},       {"swa_kv_received", v.swa_kv_received},
           {"sent", v.sent()},                   {"received", v.received()},
           {"replaced_allgather_received", v.replaced_received}};
+}
+
+nlohmann::json read_json(const pcp::ReadPathCounts& c) {
+  return {{"decode_rows", c.decode_rows},   {"prefill_rows", c.prefill_rows},   {"prefill_chunks", c.prefill_chunks},
+          {"swa_keys", c.swa_keys},         {"topk_entries", c.topk_entries},   {"topk_max", c.topk_max},
+          {"shortcut_steps", c.shortcut_steps}};
 }
 
 int run_worker(const RunOptions& o, const comm::WorkerEnv& env, const pcp::SimConfig& sc, const pcp::Workload& w);
@@ -160,6 +176,8 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
   sc.placement = pcp::parse_placement(o.placement);
   sc.num_speculative_tokens = o.num_spec;
   sc.max_host_bytes = physical_memory_bytes();
+  sc.num_heads = o.heads;
+  sc.scored_topk = o.topk == "scored";
 #if defined(DSV41KV_TEST_SEAMS)
   sc.fault = seam::parse_fault(o.mutation);
 #endif
@@ -167,6 +185,15 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
   for (int P : ps) pcp::check_pcp_speculation("run", P, o.num_spec);
   const pcp::Workload w = pcp::generate_workload(wc);
   const bool on_gpu = o.device == "cuda";
+  if (on_gpu && o.read_path == "on")
+    invalid_argument("--read-path on with --device cuda: the read path's layer runs on the CPU only (expected "
+                     "--read-path auto or off)");
+  sc.read_path = !on_gpu && o.read_path != "off";
+#if defined(DSV41KV_TEST_SEAMS)
+  if (!sc.read_path && (sc.fault == seam::PcpFault::kLocalSwaInsert || sc.fault == seam::PcpFault::kPerturbAttention))
+    invalid_argument(fmt::format("--mutation {} breaks the read path, which does not run here (expected --device cpu "
+                                 "without --read-path off)", o.mutation));
+#endif
   if (on_gpu) {
     sc.device = Device::CUDA;
     if (!cuda_device_available()) {
@@ -230,6 +257,19 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                sc.ratio, fmt_names, o.placement);
   if (!o.json && on_gpu)
     fmt::print("device: cuda ({}); P ranks as threads sharing GPU 0\n", cuda_device_description());
+  out["workload"]["read_path"] = sc.read_path;
+  if (!o.json) {
+    if (sc.read_path)
+      fmt::print("read path: {} heads, compressed cache {}, SWA cache {}, top-k {}; each rank attends its own query "
+                 "rows over the caches every rank holds (SPEC 7.6)\n",
+                 sc.num_heads, record_info(sc.formats[0]).name,
+                 record_info(sc.formats[0] == RecordFormat::NVFP4_288 ? RecordFormat::V4_584 : sc.formats[0]).name,
+                 sc.scored_topk ? "always scored" : "scored, or the shortcut when max seq_len / ratio <= 512");
+    else
+      fmt::print("read path: not run ({})\n", on_gpu ? "the read path's layer runs on the CPU only; --device cuda "
+                                                        "runs and checks the write path only"
+                                                      : "--read-path off");
+  }
 
   bool any_mismatch = false;
   for (int P : ps) {
@@ -237,9 +277,9 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
     nlohmann::json run = {{"P", P}, {"steps", nlohmann::json::array()}};
     if (!o.json) {
       fmt::print("\nP = {}  (bytes per rank per step; every rank moves the same volume: all-gathers)\n", P);
-      fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
+      fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
                  "step", "reqs", "tokens", "padded", "rows", "keys", "positions", "last rows",
-                 "latents", "sent", "received", "kv all-gath", "ratio", on_gpu ? "  gpu ms" : "");
+                 "latents", "swa kv", "sent", "received", "kv all-gath", "ratio", on_gpu ? "  gpu ms" : "");
     }
     pcp::CommVolume sum;
     for (const auto& s : res.steps) {
@@ -253,6 +293,7 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                            {"decodes", s.num_decodes}, {"padded", s.padded}, {"num_rows", s.num_rows},
                            {"tokens_per_rank", s.tokens_per_rank},
                            {"link_vs_allgather_ratio", ratio}, {"ranks", nlohmann::json::array()}};
+      if (sc.read_path) js["read_path"] = read_json(s.read);
       for (size_t k = 0; k < s.volume.size(); ++k) {
         nlohmann::json rk = volume_json(s.volume[k]);
         rk["rank"] = k;
@@ -264,10 +305,11 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
       if (on_gpu) js["gpu_ms_max_over_ranks"] = gpu_ms;
       run["steps"].push_back(js);
       if (!o.json)
-        fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
+        fmt::print("{:>4} {:>4} {:>6} {:>6} {:>5} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>12} {:>7}{}\n",
                    s.step, s.num_reqs, s.num_tokens, s.padded, s.num_rows, human_bytes(v.keys_received),
                    human_bytes(v.positions_received), human_bytes(v.rows_received),
-                   human_bytes(v.latents_received), human_bytes(v.sent()), human_bytes(v.received()),
+                   human_bytes(v.latents_received), human_bytes(v.swa_kv_received), human_bytes(v.sent()),
+                   human_bytes(v.received()),
                    v.replaced_received ? human_bytes(v.replaced_received) : "-",
                    v.replaced_received ? fmt::format("{:.3f}", ratio) : "-",
                    on_gpu ? fmt::format(" {:>7.3f}", gpu_ms) : "");
@@ -278,11 +320,20 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                                    : 0.0;
     run["total_per_rank"] = volume_json(sum);
     run["link_vs_allgather_ratio"] = total_ratio;
+    pcp::ReadPathCounts rd;  // the read path's counts over the steps
+    for (const auto& st : res.steps) rd += st.read;
+    if (sc.read_path) run["read_path"] = read_json(rd);
     if (!o.json) {
-      fmt::print("total per rank: sent {}, received {} (keys {}, positions {}, last rows {}, latents {})\n",
+      fmt::print("total per rank: sent {}, received {} (keys {}, positions {}, last rows {}, latents {}, swa kv {})\n",
                  human_bytes(sum.sent()), human_bytes(sum.received()), human_bytes(sum.keys_received),
                  human_bytes(sum.positions_received), human_bytes(sum.rows_received),
-                 human_bytes(sum.latents_received));
+                 human_bytes(sum.latents_received), human_bytes(sum.swa_kv_received));
+      if (sc.read_path)
+        fmt::print("read path over all ranks: {} query rows ({} through the decode path, {} in {} prefill chunks), "
+                   "{} window keys and {} top-k entries attended (longest top-k {}), top-k from the shortcut at {} "
+                   "of {} steps\n",
+                   rd.decode_rows + rd.prefill_rows, rd.decode_rows, rd.prefill_rows, rd.prefill_chunks, rd.swa_keys,
+                   rd.topk_entries, rd.topk_max, rd.shortcut_steps, res.steps.size());
       if (sum.replaced_received)
         fmt::print("ratio-2 linking: keys + last rows {} vs all-gather of every kv_score row {}: ratio {:.4f} "
                    "(per ratio-2 layer)\n",
@@ -297,6 +348,22 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                        {"cache_bytes", st.cache_bytes},
                        {"ring_floats", st.ring_floats},
                        {"link_entries", st.link_entries}};
+      const bool attn_identical = st.read_cache_mismatched == 0 && st.topk_mismatched == 0 &&
+                                  st.output_mismatched == 0 && st.lse_mismatched == 0;
+      run["verify"]["attention"] = {{"checked", sc.read_path}};
+      if (sc.read_path)
+        run["verify"]["attention"].update({{"identical", attn_identical && !res.first_mismatch},
+                                           {"token_rows", st.attention_rows},
+                                           {"topk_entries", st.topk_entries},
+                                           {"topk_mismatched", st.topk_mismatched},
+                                           {"output_elements", st.output_elements},
+                                           {"output_mismatched", st.output_mismatched},
+                                           {"lse_elements", st.lse_elements},
+                                           {"lse_mismatched", st.lse_mismatched},
+                                           {"read_cache_bytes", st.read_cache_bytes},
+                                           {"read_cache_mismatched", st.read_cache_mismatched}});
+      else
+        run["verify"]["attention"]["why"] = on_gpu ? "the read path runs on the CPU only" : "--read-path off";
       if (res.first_mismatch) {
         any_mismatch = true;
         const auto& mm = *res.first_mismatch;
@@ -308,6 +375,23 @@ int run_command(const RunOptions& o, const std::vector<std::string>& command_lin
                    "{} bytes, rings {} floats, link {} entries compared)\n",
                    P, on_gpu ? " (cuda, every rank on the GPU vs the CPU single-rank references)" : "",
                    res.steps.size(), st.latent_elements, st.cache_bytes, st.ring_floats, st.link_entries);
+      }
+      if (!o.json) {
+        const std::string name = fmt::format("verify P={}{} attention", P, on_gpu ? " (cuda)" : "");
+        if (!sc.read_path)
+          fmt::print("{}: not checked ({})\n", name, on_gpu ? "the read path runs on the CPU only" : "--read-path off");
+        else if (attn_identical && !res.first_mismatch)
+          fmt::print("{}: identical to P=1 at all {} steps ({} token rows of every rank, decode copies included: top-k "
+                     "{} entries, outputs {} bf16 elements after the inverse RoPE, lse {} floats; read-path caches {} "
+                     "bytes: SWA, compressed {}, index-K)\n",
+                     name, res.steps.size(), st.attention_rows, st.topk_entries, st.output_elements, st.lse_elements,
+                     st.read_cache_bytes, record_info(sc.formats[0]).name);
+        else
+          fmt::print("{}: {} of {} output elements, {} of {} lse, {} of {} top-k entries and {} of {} read-path cache "
+                     "bytes differ over the {} step(s) checked\n",
+                     name, st.output_mismatched, st.output_elements, st.lse_mismatched, st.lse_elements,
+                     st.topk_mismatched, st.topk_entries, st.read_cache_mismatched, st.read_cache_bytes,
+                     res.steps.size());
       }
     }
     out["runs"].push_back(run);
@@ -326,8 +410,9 @@ int run_worker_impl(const RunOptions& o, const comm::WorkerEnv& env, const pcp::
   pcp::SimConfig sc = sc_in;
   sc.device = Device::CUDA;
   sc.cuda_device = env.device;
-  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s\n", r, P, env.device, nccl_version_string().c_str(),
-              w.steps.size(), o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
+  std::printf("rank %d/%d: GPU %d, NCCL %s, %zu steps%s; the read path is not run (its layer runs on the CPU "
+              "only)\n", r, P, env.device, nccl_version_string().c_str(), w.steps.size(),
+              o.verify ? ", verifying against a CPU run of all ranks (itself checked against P = 1)" : "");
   std::printf("rank %d/%d: %4s %6s %6s %5s %9s %12s %12s %12s %12s %12s\n", r, P, "step", "tokens", "padded", "rows",
               "gpu ms", "nccl sent", "nccl recv", "expect sent", "expect recv", "kv all-gath");
   std::fflush(stdout);
@@ -453,10 +538,21 @@ void add_run(CLI::App& app, int& exit_code, std::vector<std::string> command_lin
   // The test seam (dsv41kv/test_seam.hpp): break the PCP step on purpose to show that --verify
   // catches it (hidden; builds without seams have no such flag).
   cmd->add_option("--mutation", o.mutation, "")
-      ->check(CLI::IsMember({"none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows"}))
+      ->check(CLI::IsMember({"none", "drop-gathered-predecessors", "reverse-tie-break", "skip-save-ring-rows",
+                              "local-swa-insert", "perturb-attention"}))
       ->group("");
 #endif
-  cmd->add_flag("--verify", o.verify, "compare every step with P = 1 (SPEC 7.8); exit 1 on a difference");
+  cmd->add_flag("--verify", o.verify, "compare every step with P = 1 (SPEC 7.8; with the read path also every "
+                                      "token's top-k, attention output and lse); exit 1 on a difference");
+  cmd->add_option("--read-path", o.read_path, "auto | on | off: each rank's SWA and index-K inserts of the gathered rows "
+                                              "and the attention of its own query rows (auto: on with --device cpu, "
+                                              "off with cuda: the read path's layer runs on the CPU only)")
+      ->check(CLI::IsMember({"auto", "on", "off"}))->capture_default_str();
+  cmd->add_option("--heads", o.heads, "query heads of the read path's layer (8, 16, 32, 64 or 128)")
+      ->check(CLI::IsMember({8, 16, 32, 64, 128}))->capture_default_str();
+  cmd->add_option("--topk", o.topk, "auto | scored: the indexer's shortcut when max seq_len / ratio <= 512 (SPEC "
+                                    "8.6), or always the scores (as under CUDA-graph capture)")
+      ->check(CLI::IsMember({"auto", "scored"}))->capture_default_str();
   cmd->add_option("--device", o.device, "cpu | cuda: where the ranks' caches, rings and latents live (cuda: exit 2 "
                                         "without a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
