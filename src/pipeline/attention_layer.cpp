@@ -180,6 +180,8 @@ struct AttentionLayer::Impl {
   Buffer q8, w, q_rot, attn, lse, out;
   Buffer dec_idx, dec_len, pf_idx, pf_len;
   std::vector<int32_t> h_seq, h_glen, h_gstart, h_t2r;
+  std::vector<int32_t> h_swa_bt, h_cmp_bt;  // the block-table rows of the prefills with tokens
+  std::vector<int64_t> h_orig;              // their request indices
   LayerStepStats stats;
   uint64_t generation = 0;
   // The step being run: run(), run_queries() (the caller wrote the caches) or run_writes() (no
@@ -306,6 +308,9 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   m.h_glen.resize(Rq);
   m.h_gstart.resize(Rq);
   m.h_t2r.resize(T);
+  m.h_orig.resize(Rq);
+  m.h_swa_bt.resize(Rq * static_cast<size_t>(cfg.swa.block_table_width));
+  if (m.r > 0) m.h_cmp_bt.resize(Rq * static_cast<size_t>(cfg.compressed(m.r).block_table_width));
   m.no_slots = Buffer(Device::CPU, T * sizeof(int64_t));
   m.no_slots.fill(0xFF);
   shared.impl().layers[static_cast<size_t>(layer)] = this;
@@ -586,20 +591,34 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
     a.lse = lv;
     sparse_decode(a, ctx);
   }
-  if (sp.num_prefills > 0) {
-    const int64_t R = sp.num_prefills, D = sp.num_decodes;
+  if (sp.num_prefill_tokens > 0) {
+    // the prefill requests that have tokens (an empty one has no query and no gather), compacted
+    const int64_t D = sp.num_decodes;
     const auto* seq = meta.seq_lens().ptr<const int64_t>();
     const auto* gl = meta.gather_lens().ptr<const int64_t>();
     const auto* gs = meta.gather_starts().ptr<const int64_t>();
     const auto* qsl = meta.qsl().ptr<const int32_t>();
     const auto* t2r = meta.token_to_req().ptr<const int32_t>();
     const auto* valid = meta.token_valid().ptr<const int32_t>();
-    for (int64_t i = 0; i < R; ++i) {
-      h_seq[static_cast<size_t>(i)] = static_cast<int32_t>(seq[D + i]);
-      h_glen[static_cast<size_t>(i)] = static_cast<int32_t>(gl[i]);
-      h_gstart[static_cast<size_t>(i)] = static_cast<int32_t>(gs[i]);
+    const TensorView swa_bt = meta.swa_block_table();
+    const TensorView cmp_bt = r > 0 ? meta.block_table(r) : TensorView{};
+    const int64_t ws_cols = swa_bt.shape[1], cm_cols = r > 0 ? cmp_bt.shape[1] : 0;
+    int64_t R = 0;
+    std::vector<int32_t>& compact = h_t2r;  // request -> compact index, reused below for tokens
+    for (int64_t i = 0; i < sp.num_prefills; ++i) {
+      const int64_t b = D + i;
+      if (qsl[b + 1] == qsl[b]) continue;
+      h_orig[static_cast<size_t>(R)] = b;
+      h_seq[static_cast<size_t>(R)] = static_cast<int32_t>(seq[b]);
+      h_glen[static_cast<size_t>(R)] = static_cast<int32_t>(gl[i]);
+      h_gstart[static_cast<size_t>(R)] = static_cast<int32_t>(gs[i]);
+      std::copy_n(swa_bt.ptr<const int32_t>() + b * swa_bt.stride[0], ws_cols, h_swa_bt.begin() + R * ws_cols);
+      if (r > 0) std::copy_n(cmp_bt.ptr<const int32_t>() + b * cmp_bt.stride[0], cm_cols, h_cmp_bt.begin() + R * cm_cols);
+      ++R;
     }
-    for (int64_t t = Td; t < A; ++t) h_t2r[static_cast<size_t>(t - Td)] = t2r[t] - static_cast<int32_t>(D);
+    for (int64_t c = 0, t = Td; c < R; ++c)
+      for (; t < qsl[h_orig[static_cast<size_t>(c)] + 1]; ++t) compact[static_cast<size_t>(t - Td)] = static_cast<int32_t>(c);
+    (void)t2r;
     const TensorView seqv = TensorView::contiguous(h_seq.data(), DType::I32, {R});
     const TensorView glv = TensorView::contiguous(h_glen.data(), DType::I32, {R});
     const TensorView gsv = TensorView::contiguous(h_gstart.data(), DType::I32, {R});
@@ -611,8 +630,6 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
     pa.gather_lens = glv;
     const std::vector<PrefillChunk> chunks = plan_prefill_chunks(pa);
     stats.prefill_chunks = static_cast<int64_t>(chunks.size());
-    const TensorView swa_bt = meta.swa_block_table();
-    const TensorView cmp_bt = r > 0 ? meta.block_table(r) : TensorView{};
     LayerShared::Impl& sh = shared->impl();
     for (const PrefillChunk& c : chunks) {
       WorkspaceGatherArgs ga;
@@ -622,14 +639,15 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       ga.gather_lens = glv;
       ga.gather_starts = gsv;
       ga.swa_cache = swa;
-      ga.swa_block_table = rows_of(swa_bt, D, R);
+      ga.swa_block_table = TensorView::contiguous(h_swa_bt.data(), DType::I32, {R, ws_cols});
       if (r > 0) {
         ga.cmp_cache = kc;
-        ga.cmp_block_table = rows_of(cmp_bt, D, R);
+        ga.cmp_block_table = TensorView::contiguous(h_cmp_bt.data(), DType::I32, {R, cm_cols});
       }
       ga.workspace = sh.workspace.view(DType::BF16, {sh.workspace_rows, kLatentDim});
       gather_prefill_workspace(ga, ctx);
-      const int64_t b0 = qsl[D + c.req_begin], b1 = qsl[D + c.req_end], Tc = b1 - b0;
+      const int64_t b0 = qsl[h_orig[static_cast<size_t>(c.req_begin)]];
+      const int64_t b1 = qsl[h_orig[static_cast<size_t>(c.req_end - 1)] + 1], Tc = b1 - b0;
       PrefillIndexArgs ia;
       ia.ratio = r;
       ia.chunk = c;

@@ -252,3 +252,34 @@ TEST(AttentionLayer, ConfigurationErrorsNameTheField) {
 
 }  // namespace
 }  // namespace dsv41kv::test
+
+namespace dsv41kv::test {
+namespace {
+
+// An empty request among the prefills (query_len 0: nothing to attend, nothing to gather) changes
+// nothing for the others: the same outputs bit for bit as without it.
+TEST(AttentionLayer, AnEmptyRequestAmongThePrefillsChangesNothing) {
+  const LayerSetup s(0.06, 8, 0, true);
+  auto run = [&](bool with_empty) {
+    ModelRunner runner(s.demo.model, s.sc, s.rc, [&](const LayerInfo& li) { return LayerWeights::from_seed(li, 8, 3); },
+                       s.rc.max_model_len);
+    oracles::SeededActivations act(9);
+    runner.add_request(0);
+    runner.add_request(1);
+    runner.add_request(2);
+    pipeline::EngineStep st;
+    st.requests = {{0, 20}};
+    if (with_empty) st.requests.push_back({2, 0});
+    st.requests.push_back({1, 13});
+    std::vector<uint16_t> out;
+    runner.step(st, act, [&](const AttentionLayer& l) {
+      const auto* o = l.output().ptr<const uint16_t>();
+      out.insert(out.end(), o, o + 33 * 8 * 512);
+    });
+    return out;
+  };
+  EXPECT_TRUE(run(true) == run(false));
+}
+
+}  // namespace
+}  // namespace dsv41kv::test
