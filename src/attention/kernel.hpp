@@ -26,9 +26,11 @@
 #include <limits>
 #include <vector>
 
+#include "attention/avx512.hpp"
+#include "attention/simd.hpp"
+#include "core/cpu_form.hpp"
 #include "core/parallel.hpp"
 #include "dsv41kv/attention.hpp"
-#include "attention/simd.hpp"
 #include "dsv41kv/numerics.hpp"
 
 namespace dsv41kv::detail::attn {
@@ -118,10 +120,10 @@ void block_pv(const float* p, const float* kb, int n, float* acc) {
 // Per-thread buffers of one call.
 struct Scratch {
   int H = 0, HC = 0, chunks = 0;
-  std::vector<float> qc;         // [chunks][512][HC]
-  std::vector<float> kb;         // [kBlock][512] keys of the current block
-  std::vector<float> z;          // [chunks][kBlock][HC] scores, then probabilities
-  std::vector<float> blk, run;   // Partial storage
+  LineVector<float> qc;         // [chunks][512][HC]
+  LineVector<float> kb;         // [kBlock][512] keys of the current block
+  LineVector<float> z;          // [chunks][kBlock][HC] scores, then probabilities
+  LineVector<float> blk, run;   // Partial storage
   explicit Scratch(int H_)
       : H(H_), HC(lanes(H_)), chunks(H_ / lanes(H_)), qc(static_cast<size_t>(H_) * kD),
         kb(static_cast<size_t>(kBlock) * kD), z(static_cast<size_t>(H_) * kBlock),
@@ -137,8 +139,19 @@ inline void load_q(const Io& io, int64_t t, Scratch& s) {
   }
 }
 
-// The partial of the n keys in s.kb (1 <= n <= kBlock) into `out`.
-inline void compute_block(const Io& io, Scratch& s, int n, Partial out) {
+// The partial of the n keys in s.kb (1 <= n <= kBlock) into `out`, in the given form (the AVX-512
+// one for chunks of 16 lanes; the same bits either way).
+inline void compute_block(const Io& io, Scratch& s, int n, Partial out, CpuForm form) {
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 && s.HC == 16) {
+    avx512::block_scores(s.qc.data(), s.kb.data(), n, io.scale, s.chunks, s.z.data());
+    avx512::block_softmax(s.z.data(), n, s.chunks, out.m, out.l);
+    avx512::block_pv(s.z.data(), s.kb.data(), n, s.chunks, out.acc);
+    return;
+  }
+#else
+  (void)form;
+#endif
   const int n4 = (n + 3) / 4 * 4;
   std::fill(s.kb.begin() + static_cast<ptrdiff_t>(n) * kD, s.kb.begin() + static_cast<ptrdiff_t>(n4) * kD, 0.0f);
   const int HC = s.HC;
@@ -225,9 +238,10 @@ inline void finalize(const Io& io, int64_t t, Partial run, int HC) {
 // Runs the attention of every token of `io` over the key lists of `src`:
 //   src.each(t, f)               f(key) for the valid keys of token t, in key-list order
 //   src.load(key, float* dst)    one key's 512 values (K = V)
-// with `splits` work items per token (1 .. key blocks of the widest list; more is clamped).
+// with `splits` work items per token (1 .. key blocks of the widest list; more is clamped), the
+// block loops in the given form.
 template <class Src>
-void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
+void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx, CpuForm form) {
   using Key = typename Src::Key;
   const int64_t T = io.T;
   const int H = io.H;
@@ -248,7 +262,7 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
   }
   // split s >= 1 of a token stores each block's partial at ws slot ws_at + block; split 0 stores
   // its fold at ws slot ws_at (its own first block's slot)
-  std::vector<float> ws(static_cast<size_t>(ws_slots * partial_floats(H)));
+  LineVector<float> ws(static_cast<size_t>(ws_slots * partial_floats(H)));
   auto slot = [&](int64_t t, int64_t b) {
     return Partial::at(ws.data() + (ws_at[static_cast<size_t>(t)] + b) * partial_floats(H), H);
   };
@@ -274,11 +288,11 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
         const int n = static_cast<int>(std::min<int64_t>(kBlock, n_keys - b * kBlock));
         for (int j = 0; j < n; ++j) src.load(keys[static_cast<size_t>(b * kBlock + j)], s.kb.data() + j * kD);
         if (sp > 0) {
-          compute_block(io, s, n, slot(t, b));
+          compute_block(io, s, n, slot(t, b), form);
         } else if (b == 0) {
-          compute_block(io, s, n, run);
+          compute_block(io, s, n, run, form);
         } else {
-          compute_block(io, s, n, blk);
+          compute_block(io, s, n, blk, form);
           merge(run, blk, H);
         }
       }
