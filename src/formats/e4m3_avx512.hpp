@@ -14,18 +14,28 @@
 
 namespace dsv41kv::detail::e4m3x16 {
 
-// The values of 16 codes times 2^-8 (any finite code exactly).
-DSV41KV_AVX512 inline __m512 scaled(__m128i codes) {
-  const __m256i w = _mm256_cvtepu8_epi16(codes);
-  const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7);
-  const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8);
-  return _mm512_cvtph_ps(_mm256_or_si256(mag, sign));
+// The fp16 bits of codes zero-extended to 16-bit lanes: t = code << 7 puts the 7 low bits at
+// 13..7 and the sign at 14; adding t's bit 14 to itself moves it to bit 15.
+DSV41KV_AVX512 inline __m256i fp16_bits(__m256i w) {
+  const __m256i t = _mm256_slli_epi16(w, 7);
+  return _mm256_add_epi16(t, _mm256_and_si256(t, _mm256_set1_epi16(0x4000)));
+}
+DSV41KV_AVX512 inline __m512i fp16_bits(__m512i w) {
+  const __m512i t = _mm512_slli_epi16(w, 7);
+  return _mm512_add_epi16(t, _mm512_and_si512(t, _mm512_set1_epi16(0x4000)));
 }
 
-// The lanes of 16 codes that are NaN codes.
+// The values of 16 codes times 2^-8 (any finite code exactly).
+DSV41KV_AVX512 inline __m512 scaled(__m128i codes) { return _mm512_cvtph_ps(fp16_bits(_mm256_cvtepu8_epi16(codes))); }
+
+// The lanes of 16 or 32 codes that are NaN codes.
 DSV41KV_AVX512 inline __mmask16 nan_lanes(__m128i codes) {
   const __m128i m = _mm_set1_epi8(0x7F);
   return _mm_cmpeq_epi8_mask(_mm_and_si128(codes, m), m);
+}
+DSV41KV_AVX512 inline __mmask32 nan_lanes(__m256i codes) {
+  const __m256i m = _mm256_set1_epi8(0x7F);
+  return _mm256_cmpeq_epi8_mask(_mm256_and_si256(codes, m), m);
 }
 
 // 2^8 as fp32: scaled() times it is the value.
