@@ -24,21 +24,24 @@ constexpr int kH = kIndexHeads;
 constexpr int kDim = kIndexHeadDim;
 constexpr int kTileEntries = 6;
 
-// The 128 codes of one entry as binary64 values * 2^-8; true when one of them is a NaN code.
+// 32 codes as binary64 values * 2^-8 into out[0..32); true when one of them is a NaN code.
+DSV41KV_AVX512 inline bool decode32(const uint8_t* codes, double* out) {
+  const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
+  const __m512i h = e4m3x16::fp16_bits(_mm512_cvtepu8_epi16(c));
+  const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+  _mm512_store_pd(out, _mm512_cvtps_pd(_mm512_castps512_ps256(f0)));
+  _mm512_store_pd(out + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f0), 1))));
+  _mm512_store_pd(out + 16, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
+  _mm512_store_pd(out + 24, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f1), 1))));
+  return e4m3x16::nan_lanes(c) != 0;
+}
+
+// The 128 codes of one entry; true when one of them is a NaN code.
 DSV41KV_AVX512 inline bool decode_key(const uint8_t* codes, double* out) {
-  __mmask32 nan = 0;
-  for (int i = 0; i < kDim; i += 32) {
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + i));
-    nan |= e4m3x16::nan_lanes(c);
-    const __m512i h = e4m3x16::fp16_bits(_mm512_cvtepu8_epi16(c));
-    const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
-    const __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
-    _mm512_store_pd(out + i, _mm512_cvtps_pd(_mm512_castps512_ps256(f0)));
-    _mm512_store_pd(out + i + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f0), 1))));
-    _mm512_store_pd(out + i + 16, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
-    _mm512_store_pd(out + i + 24, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f1), 1))));
-  }
-  return nan != 0;
+  bool nan = false;
+  for (int i = 0; i < kDim; i += 32) nan |= decode32(codes + i, out + i);
+  return nan;
 }
 
 // D[e][h] for the 6 entries of k [6][128] and all 32 heads, every D an exact sum over d.

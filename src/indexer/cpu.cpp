@@ -101,9 +101,16 @@ struct KeyCursor {
       end = first + keys.S;
       pg = keys.page(i);
     }
-    codes = rec::index_k_fp8_codes(pg, keys.S, i - first);
-    scale = rec::read_index_k_fp8_scale(pg, keys.S, i - first);
+    const int64_t r = i - first;
+    codes = rec::index_k_fp8_codes(pg, keys.S, r);
+    scale = rec::read_index_k_fp8_scale(pg, keys.S, r);
+    // the codes and scale of the entry a group ahead, on the same page (hints only, never loads)
+    if (r + kAhead < keys.S) {
+      __builtin_prefetch(rec::index_k_fp8_codes(pg, keys.S, r + kAhead));
+      __builtin_prefetch(pg + IndexerKFp8Layout::scale_offset(keys.S, r + kAhead));
+    }
   }
+  static constexpr int64_t kAhead = 32;
 };
 
 constexpr int64_t kEntryGrain = 2048;  // entries per thread range when one token's entries are split
