@@ -3,7 +3,9 @@
 // (which also divide their rates by the same loop's figure, measured in their process).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "fma_peak.hpp"
 
@@ -23,12 +25,26 @@ void BM_Fp32FmaPeak(benchmark::State& st) {
   st.SetLabel(u.name);
 }
 
-// One run per thread count from 1 to the hardware's (Google Benchmark sums the per-thread rates).
-void thread_counts(benchmark::internal::Benchmark* b) {
-  const int hc = static_cast<int>(std::thread::hardware_concurrency());
-  for (int t = 1; t <= (hc > 0 ? hc : 1); t *= 2) b->Threads(t);
-  if (hc > 1 && (hc & (hc - 1)) != 0) b->Threads(hc);
+// The thread counts from 1 to the hardware's (powers of two, and the hardware's own).
+std::vector<int> thread_counts() {
+  const int hc = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  std::vector<int> t;
+  for (int n = 1; n <= hc; n *= 2) t.push_back(n);
+  if ((hc & (hc - 1)) != 0) t.push_back(hc);
+  return t;
 }
+
+// One run per thread count (Google Benchmark sums the per-thread rates).
+void thread_counts(benchmark::internal::Benchmark* b) {
+  for (int t : thread_counts()) b->Threads(t);
+}
+
+// The op benchmarks' yardstick, calibrated at start-up for every thread count, before any
+// benchmark runs.
+const bool kCalibrated = [] {
+  for (int t : thread_counts()) fp32_fma_peak_gflops(t);
+  return true;
+}();
 
 BENCHMARK(BM_Fp32FmaPeak)->Apply(thread_counts)->UseRealTime();
 

@@ -3,8 +3,8 @@
 // has (AVX-512, else AVX2 + FMA, else scalar fma). The chains (kChains accumulators) outnumber
 // the FMA latency times the issue width, so the loop is bound by FMA throughput, not latency.
 // GFLOP/s counts 2 flops per lane per FMA. BM_Fp32FmaPeak reports it per thread count; the op
-// benchmarks divide their rate by fp32_fma_peak_gflops(threads), measured once per thread count
-// in the same process with the same loop.
+// benchmarks divide their rate by fp32_fma_peak_gflops(threads), measured with the same loop once
+// per thread count in the same process, at start-up (bench_fma_peak.cpp).
 #pragma once
 
 #include <benchmark/benchmark.h>

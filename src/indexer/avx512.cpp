@@ -51,6 +51,7 @@ DSV41KV_AVX512 inline void d_tile(const double* q, const double* k, double* D) {
   for (int a = 0; a < 4; ++a)
 #pragma GCC unroll 8
     for (int e = 0; e < kTileEntries; ++e) acc[a][e] = _mm512_setzero_pd();
+#pragma GCC unroll 4
   for (int d = 0; d < kDim; ++d) {
     __m512d qv[4];
 #pragma GCC unroll 8
