@@ -81,7 +81,6 @@ struct Keys {
   const uint8_t* base = nullptr;
   int64_t page_stride = 0, S = 0;
   const int32_t* pages = nullptr;  // the request's block-table row
-  int64_t n = 0;                   // the visible entries (n_c): their pages are in the row
 
   const uint8_t* page(int64_t i) const { return base + static_cast<int64_t>(pages[i / S]) * page_stride; }
   float score_of(const Query& qy, int64_t i) const {
@@ -90,33 +89,20 @@ struct Keys {
   }
 };
 
-// The codes and scale of entries [0, n) looked up in (mostly) ascending order: one division per
-// page rather than per entry, and a prefetch of the entry kAhead further on (on this page or the
-// next; a hint only, never a load).
+// The codes and scale of entries looked up in (mostly) ascending order: one division per page
+// rather than per entry.
 struct KeyCursor {
-  static constexpr int64_t kAhead = 32;
   const Keys& keys;
-  int64_t n = 0;
   int64_t first = 0, end = 0;  // the entries [first, end) of the current page
   const uint8_t* pg = nullptr;
-  const uint8_t* next = nullptr;  // the next page when it holds entries below n
   void at(int64_t i, const uint8_t*& codes, float& scale) {
-    const int64_t S = keys.S;
     if (i < first || i >= end) {
-      first = i / S * S;
-      end = first + S;
+      first = i / keys.S * keys.S;
+      end = first + keys.S;
       pg = keys.page(i);
-      next = end < n ? keys.page(end) : nullptr;
     }
-    const int64_t r = i - first;
-    codes = rec::index_k_fp8_codes(pg, S, r);
-    scale = rec::read_index_k_fp8_scale(pg, S, r);
-    const int64_t ra = r + kAhead;
-    const uint8_t* pa = ra < S ? pg : next;
-    if (pa != nullptr && kAhead < S) {
-      __builtin_prefetch(rec::index_k_fp8_codes(pa, S, ra % S));
-      __builtin_prefetch(pa + IndexerKFp8Layout::scale_offset(S, ra % S));
-    }
+    codes = rec::index_k_fp8_codes(pg, keys.S, i - first);
+    scale = rec::read_index_k_fp8_scale(pg, keys.S, i - first);
   }
 };
 
@@ -135,7 +121,7 @@ void score_entries(const Query& qy, const indexer_avx512::Query* qa, const Keys&
       const uint8_t* codes[G];
       float sk[G];
       double I[G];
-      KeyCursor cur{keys, keys.n};
+      KeyCursor cur{keys};
       for (int64_t j0 = b; j0 < e; j0 += G) {
         const int m = static_cast<int>(std::min<int64_t>(G, e - j0));
         for (int j = 0; j < m; ++j) cur.at(idx(j0 + j), codes[j], sk[j]);
@@ -178,7 +164,6 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
   keys.page_stride = a.k_cache.page_stride;
   keys.S = a.k_cache.states_per_page;
   keys.pages = a.block_table.ptr<const int32_t>() + a.token_to_req.ptr<const int32_t>()[t] * p.bt_stride;
-  keys.n = nc;
   load_query(a, t, s.query);
   const indexer_avx512::Query* qa = nullptr;
 #if defined(DSV41KV_AVX512_FORMS)
