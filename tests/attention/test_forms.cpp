@@ -54,13 +54,11 @@ TEST_F(AttentionForms, DecodeGivesTheSameBits) {
       s.ratio = ratio;
       if (ratio == 1) s.cmp_format = RecordFormat::MXFP8_528;
       DecodeCase c = DecodeCase::make(s, rng());
-      for (int threads : {1, 2}) {
-        c.plan(0, threads);
-        expect_decode_forms_agree(c, threads, what + ", planned schedule, threads " + std::to_string(threads));
-      }
-      const int64_t splits = std::min<int64_t>(3, c.schedule.key_blocks);
+      c.plan(0, 1);
+      expect_decode_forms_agree(c, 1, what + ", planned schedule, 1 thread");
+      const int64_t splits = std::min<int64_t>(3, c.schedule.key_blocks);  // split-K: the workspace path
       c.plan(splits, 2);
-      expect_decode_forms_agree(c, 2, what + ", " + std::to_string(splits) + " splits");
+      expect_decode_forms_agree(c, 2, what + ", " + std::to_string(splits) + " splits on 2 threads");
     }
 }
 
