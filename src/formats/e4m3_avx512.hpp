@@ -28,14 +28,14 @@ DSV41KV_AVX512 inline __m512i fp16_bits(__m512i w) {
 // The values of 16 codes times 2^-8 (any finite code exactly).
 DSV41KV_AVX512 inline __m512 scaled(__m128i codes) { return _mm512_cvtph_ps(fp16_bits(_mm256_cvtepu8_epi16(codes))); }
 
-// The lanes of 16 or 32 codes that are NaN codes.
+// The lanes of 16 or 64 codes that are NaN codes.
 DSV41KV_AVX512 inline __mmask16 nan_lanes(__m128i codes) {
   const __m128i m = _mm_set1_epi8(0x7F);
   return _mm_cmpeq_epi8_mask(_mm_and_si128(codes, m), m);
 }
-DSV41KV_AVX512 inline __mmask32 nan_lanes(__m256i codes) {
-  const __m256i m = _mm256_set1_epi8(0x7F);
-  return _mm256_cmpeq_epi8_mask(_mm256_and_si256(codes, m), m);
+DSV41KV_AVX512 inline __mmask64 nan_lanes(__m512i codes) {
+  const __m512i m = _mm512_set1_epi8(0x7F);
+  return _mm512_cmpeq_epi8_mask(_mm512_and_si512(codes, m), m);
 }
 
 // 2^8 as fp32: scaled() times it is the value.

@@ -7,7 +7,7 @@
 // every operation on D), then per 8 entries an 8 x 8 transpose of each block of heads so that the
 // head sum runs with entries in lanes: I = sum over h ascending of w[h] * max(0, D[h]) (one
 // product and one sum per head, each rounded as the portable form rounds it; maxpd(0, D) returns
-// D for a NaN or -0 as `D < 0 ? 0 : D` does), times sk; the caller rounds it to fp32.
+// D for a NaN or -0 as `D < 0 ? 0 : D` does), times sk, one rounding to fp32.
 #include "core/cpu_form.hpp"
 
 #if defined(DSV41KV_AVX512_FORMS)
@@ -24,8 +24,8 @@ constexpr int kH = kIndexHeads;
 constexpr int kDim = kIndexHeadDim;
 constexpr int kTileEntries = 6;
 
-// 32 codes as binary64 values * 2^-8 into out[0..32); true when one of them is a NaN code.
-DSV41KV_AVX512 inline bool decode32(const uint8_t* codes, double* out) {
+// 32 codes as binary64 values * 2^-8 into out[0..32).
+DSV41KV_AVX512 inline void decode32(const uint8_t* codes, double* out) {
   const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes));
   const __m512i h = e4m3x16::fp16_bits(_mm512_cvtepu8_epi16(c));
   const __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
@@ -34,14 +34,13 @@ DSV41KV_AVX512 inline bool decode32(const uint8_t* codes, double* out) {
   _mm512_store_pd(out + 8, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f0), 1))));
   _mm512_store_pd(out + 16, _mm512_cvtps_pd(_mm512_castps512_ps256(f1)));
   _mm512_store_pd(out + 24, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f1), 1))));
-  return e4m3x16::nan_lanes(c) != 0;
 }
 
 // The 128 codes of one entry; true when one of them is a NaN code.
 DSV41KV_AVX512 inline bool decode_key(const uint8_t* codes, double* out) {
-  bool nan = false;
-  for (int i = 0; i < kDim; i += 32) nan |= decode32(codes + i, out + i);
-  return nan;
+  for (int i = 0; i < kDim; i += 32) decode32(codes + i, out + i);
+  static_assert(kDim == 128);
+  return (e4m3x16::nan_lanes(_mm512_loadu_si512(codes)) | e4m3x16::nan_lanes(_mm512_loadu_si512(codes + 64))) != 0;
 }
 
 // D[e][h] for the 6 entries of k [6][128] and all 32 heads, every D an exact sum over d.
@@ -102,7 +101,8 @@ DSV41KV_AVX512 bool load_query(const uint8_t* q8, const float* w, Query& qy) {
   return !nan;
 }
 
-DSV41KV_AVX512 uint32_t scores(const Query& qy, const uint8_t* const* codes, const float* sk, int n, double* out) {
+DSV41KV_AVX512 uint32_t scores(const Query& qy, const uint8_t* const* codes, const float* sk, int n, float* out,
+                              double* unrounded) {
   alignas(64) double k[kTileEntries * kDim];  // decoded per tile: the query (32 KiB) stays in L1
   alignas(64) double D[kGroup * kH];
   uint32_t nan = 0;
@@ -112,6 +112,7 @@ DSV41KV_AVX512 uint32_t scores(const Query& qy, const uint8_t* const* codes, con
     d_tile(qy.q, k, D + e0 * kH);
   }
   alignas(64) double res[kGroup];
+  alignas(32) float res32[kGroup];
   for (int g = 0; g < kGroup; g += 8) {
     __m512d I = _mm512_setzero_pd();
     for (int hb = 0; hb < kH; hb += 8) {
@@ -123,9 +124,12 @@ DSV41KV_AVX512 uint32_t scores(const Query& qy, const uint8_t* const* codes, con
     }
     alignas(64) double s[8];
     for (int e = 0; e < 8; ++e) s[e] = static_cast<double>(sk[std::min(g + e, n - 1)]);
-    _mm512_store_pd(res + g, _mm512_mul_pd(I, _mm512_load_pd(s)));
+    I = _mm512_mul_pd(I, _mm512_load_pd(s));
+    _mm512_store_pd(res + g, I);
+    _mm256_store_ps(res32 + g, _mm512_cvtpd_ps(I));
   }
-  std::copy(res, res + n, out);
+  std::copy(res32, res32 + n, out);
+  if (unrounded != nullptr) std::copy(res, res + n, unrounded);
   return nan & (n >= 32 ? ~0u : (1u << n) - 1u);
 }
 

@@ -28,9 +28,10 @@ struct Query {
 // portable form).
 bool load_query(const uint8_t* q8, const float* w, Query& qy);
 
-// out[j] = I of entry j before its rounding to fp32 (score.hpp's score_unrounded) for j < n <=
-// kGroup (codes[j]: its 128 e4m3 codes, sk[j]: its scale). Returns the bit mask of the entries
-// holding a NaN code: their out[j] is left to the caller.
-uint32_t scores(const Query& qy, const uint8_t* const* codes, const float* sk, int n, double* out);
+// out[j] = I of entry j for j < n <= kGroup (codes[j]: its 128 e4m3 codes, sk[j]: its scale), and
+// unrounded[j] (when given) the binary64 value before the rounding (score.hpp's score_unrounded).
+// Returns the bit mask of the entries holding a NaN code: their values are left to the caller.
+uint32_t scores(const Query& qy, const uint8_t* const* codes, const float* sk, int n, float* out,
+                double* unrounded = nullptr);
 
 }  // namespace dsv41kv::detail::indexer_avx512

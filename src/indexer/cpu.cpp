@@ -81,6 +81,7 @@ struct Keys {
   const uint8_t* base = nullptr;
   int64_t page_stride = 0, S = 0;
   const int32_t* pages = nullptr;  // the request's block-table row
+  int64_t n = 0;                   // the visible entries (n_c)
 
   const uint8_t* page(int64_t i) const { return base + static_cast<int64_t>(pages[i / S]) * page_stride; }
   float score_of(const Query& qy, int64_t i) const {
@@ -90,19 +91,39 @@ struct Keys {
 };
 
 // The codes and scale of entries looked up in (mostly) ascending order: one division per page
-// rather than per entry.
+// rather than per entry. Each lookup also prefetches the entry kAhead further on, on this page or
+// the next one when that holds visible entries (hints only, never loads: the hardware's stream
+// prefetch stops at every 4 KiB page, which a step of keys from DRAM crosses every 31 entries).
 struct KeyCursor {
+  static constexpr int64_t kAhead = 32;
   const Keys& keys;
-  int64_t first = 0, end = 0;  // the entries [first, end) of the current page
+  int64_t n = 0;                  // the visible entries: the block-table row holds their pages
+  int64_t first = 0, end = 0;     // the entries [first, end) of the current page
   const uint8_t* pg = nullptr;
+  const uint8_t* next = nullptr;  // the next page, once a prefetch reached it
   void at(int64_t i, const uint8_t*& codes, float& scale) {
+    const int64_t S = keys.S;
     if (i < first || i >= end) {
-      first = i / keys.S * keys.S;
-      end = first + keys.S;
+      first = i / S * S;
+      end = first + S;
       pg = keys.page(i);
+      next = nullptr;
     }
-    codes = rec::index_k_fp8_codes(pg, keys.S, i - first);
-    scale = rec::read_index_k_fp8_scale(pg, keys.S, i - first);
+    const int64_t r = i - first;
+    codes = rec::index_k_fp8_codes(pg, S, r);
+    scale = rec::read_index_k_fp8_scale(pg, S, r);
+    int64_t ra = r + kAhead;
+    const uint8_t* pa = pg;
+    if (ra >= S) {
+      if (kAhead >= S || end >= n) return;
+      if (next == nullptr) next = keys.page(end);
+      pa = next;
+      ra -= S;
+    }
+    const uint8_t* ca = rec::index_k_fp8_codes(pa, S, ra);
+    __builtin_prefetch(ca);
+    __builtin_prefetch(ca + 64);
+    if (ra % 16 == 0) __builtin_prefetch(pa + IndexerKFp8Layout::scale_offset(S, ra));
   }
 };
 
@@ -120,14 +141,12 @@ void score_entries(const Query& qy, const indexer_avx512::Query* qa, const Keys&
       constexpr int G = indexer_avx512::kGroup;
       const uint8_t* codes[G];
       float sk[G];
-      double I[G];
-      KeyCursor cur{keys};
+      KeyCursor cur{keys, keys.n};
       for (int64_t j0 = b; j0 < e; j0 += G) {
         const int m = static_cast<int>(std::min<int64_t>(G, e - j0));
         for (int j = 0; j < m; ++j) cur.at(idx(j0 + j), codes[j], sk[j]);
-        const uint32_t nan = indexer_avx512::scores(*qa, codes, sk, m, I);
-        for (int j = 0; j < m; ++j)
-          out[j0 + j] = (nan >> j) & 1 ? keys.score_of(qy, idx(j0 + j)) : static_cast<float>(I[j]);
+        for (uint32_t nan = indexer_avx512::scores(*qa, codes, sk, m, out + j0); nan != 0; nan &= nan - 1)
+          out[j0 + __builtin_ctz(nan)] = keys.score_of(qy, idx(j0 + __builtin_ctz(nan)));
       }
       return;
     }
@@ -164,6 +183,7 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
   keys.page_stride = a.k_cache.page_stride;
   keys.S = a.k_cache.states_per_page;
   keys.pages = a.block_table.ptr<const int32_t>() + a.token_to_req.ptr<const int32_t>()[t] * p.bt_stride;
+  keys.n = nc;
   load_query(a, t, s.query);
   const indexer_avx512::Query* qa = nullptr;
 #if defined(DSV41KV_AVX512_FORMS)

@@ -94,10 +94,11 @@ TEST_F(IndexerForms, GroupKernelEqualsThePortableScoreInBinary64) {
     const uint8_t* codes[detail::indexer_avx512::kGroup];
     for (int j = 0; j < n; ++j) codes[j] = keys.data() + j * kIndexHeadDim;
     double got[detail::indexer_avx512::kGroup];
-    ASSERT_EQ(detail::indexer_avx512::scores(*query_avx512, codes, sk.data(), n, got), 0u);
+    float got32[detail::indexer_avx512::kGroup];
+    ASSERT_EQ(detail::indexer_avx512::scores(*query_avx512, codes, sk.data(), n, got32, got), 0u);
     for (int j = 0; j < n; ++j, ++compared) {
       const double want = detail::score_unrounded(*query, codes[j], sk[static_cast<size_t>(j)]);
-      ASSERT_EQ(num::f2u(static_cast<float>(got[j])), num::f2u(static_cast<float>(want))) << "round " << round << " entry " << j;
+      ASSERT_EQ(num::f2u(got32[j]), num::f2u(static_cast<float>(want))) << "round " << round << " entry " << j;
       uint64_t a, b;
       std::memcpy(&a, &got[j], 8);
       std::memcpy(&b, &want, 8);
