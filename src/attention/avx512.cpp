@@ -4,7 +4,8 @@
 // Register blocks: the scores take up to 4 head chunks (64 heads) x 6 keys per pass (24
 // accumulators; per d, 4 query loads and 6 key broadcasts feed 24 FMAs), over d in tiles that keep
 // the tile's queries in L1 (a score's partial sum waits in z between tiles: stored and reloaded
-// as the fp32 it is, the chain goes on unchanged); the PV product takes 4 chunks x 6 dims per pass.
+// as the fp32 it is, the chain goes on unchanged); the PV product takes 4 chunks x 6 dims per pass,
+// and merges each tile into the fold so far as it leaves the registers when asked.
 #include "core/cpu_form.hpp"
 
 #if defined(DSV41KV_AVX512_FORMS)
@@ -67,9 +68,11 @@ DSV41KV_AVX512 void scores_chunks(const float* q, const float* kb, int n, __m512
   }
 }
 
-// acc[c][d0 + i] for chunks [0, NC) and dims [d0, d0 + ND).
-template <int NC, int ND>
-DSV41KV_AVX512 inline void pv_tile(const float* p, const float* kb, int n, int d0, float* acc) {
+// acc[c][d0 + i] for chunks [0, NC) and dims [d0, d0 + ND); with MERGE, acc is the fold so far and
+// takes acc * fa + (the chain) * fb, the chunk's merge factors fa[c], fb[c].
+template <int NC, int ND, bool MERGE>
+DSV41KV_AVX512 inline void pv_tile(const float* p, const float* kb, int n, int d0, float* acc, const __m512* fa,
+                                   const __m512* fb) {
   __m512 a[NC][ND];
 #pragma GCC unroll 8
   for (int c = 0; c < NC; ++c)
@@ -90,15 +93,43 @@ DSV41KV_AVX512 inline void pv_tile(const float* p, const float* kb, int n, int d
 #pragma GCC unroll 8
   for (int c = 0; c < NC; ++c)
 #pragma GCC unroll 8
-    for (int i = 0; i < ND; ++i) _mm512_storeu_ps(acc + c * kD * kL + (d0 + i) * kL, a[c][i]);
+    for (int i = 0; i < ND; ++i) {
+      float* r = acc + c * kD * kL + (d0 + i) * kL;
+      if constexpr (MERGE)
+        _mm512_storeu_ps(r, _mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(r), fa[c]), _mm512_mul_ps(a[c][i], fb[c])));
+      else
+        _mm512_storeu_ps(r, a[c][i]);
+    }
 }
 
-template <int NC>
-DSV41KV_AVX512 void pv_chunks(const float* p, const float* kb, int n, float* acc) {
+template <int NC, bool MERGE>
+DSV41KV_AVX512 void pv_chunks(const float* p, const float* kb, int n, float* acc, const float* fa, const float* fb) {
+  __m512 va[NC], vb[NC];
+  for (int c = 0; c < NC; ++c) {
+    va[c] = MERGE ? _mm512_loadu_ps(fa + c * kL) : _mm512_setzero_ps();
+    vb[c] = MERGE ? _mm512_loadu_ps(fb + c * kL) : _mm512_setzero_ps();
+  }
   constexpr int kLast = kD % 6;  // 512 = 85 * 6 + 2
   int d0 = 0;
-  for (; d0 + 6 <= kD; d0 += 6) pv_tile<NC, 6>(p, kb, n, d0, acc);
-  if constexpr (kLast > 0) pv_tile<NC, kLast>(p, kb, n, d0, acc);
+  for (; d0 + 6 <= kD; d0 += 6) pv_tile<NC, 6, MERGE>(p, kb, n, d0, acc, va, vb);
+  if constexpr (kLast > 0) pv_tile<NC, kLast, MERGE>(p, kb, n, d0, acc, va, vb);
+}
+
+template <bool MERGE>
+DSV41KV_AVX512 void pv_all(const float* p, const float* kb, int n, int chunks, float* acc, const float* fa,
+                           const float* fb) {
+  for (int c = 0; c < chunks; c += 4) {
+    const float* pc = p + c * kB * kL;
+    float* ac = acc + c * kD * kL;
+    const float* ca = MERGE ? fa + c * kL : nullptr;
+    const float* cb = MERGE ? fb + c * kL : nullptr;
+    switch (std::min(chunks - c, 4)) {
+      case 4: pv_chunks<4, MERGE>(pc, kb, n, ac, ca, cb); break;
+      case 3: pv_chunks<3, MERGE>(pc, kb, n, ac, ca, cb); break;
+      case 2: pv_chunks<2, MERGE>(pc, kb, n, ac, ca, cb); break;
+      default: pv_chunks<1, MERGE>(pc, kb, n, ac, ca, cb); break;
+    }
+  }
 }
 
 // exp of 8 binary64 arguments rounded to fp32, with the lanes whose rounding it cannot vouch for in
@@ -212,16 +243,12 @@ DSV41KV_AVX512 void block_softmax(float* z, int n, int chunks, float* m, float* 
 }
 
 DSV41KV_AVX512 void block_pv(const float* p, const float* kb, int n, int chunks, float* acc) {
-  for (int c = 0; c < chunks; c += 4) {
-    const float* pc = p + c * kB * kL;
-    float* ac = acc + c * kD * kL;
-    switch (std::min(chunks - c, 4)) {
-      case 4: pv_chunks<4>(pc, kb, n, ac); break;
-      case 3: pv_chunks<3>(pc, kb, n, ac); break;
-      case 2: pv_chunks<2>(pc, kb, n, ac); break;
-      default: pv_chunks<1>(pc, kb, n, ac); break;
-    }
-  }
+  pv_all<false>(p, kb, n, chunks, acc, nullptr, nullptr);
+}
+
+DSV41KV_AVX512 void block_pv_merge(const float* p, const float* kb, int n, int chunks, float* run_acc, const float* fa,
+                                   const float* fb) {
+  pv_all<true>(p, kb, n, chunks, run_acc, fa, fb);
 }
 
 }  // namespace dsv41kv::detail::attn::avx512

@@ -19,4 +19,9 @@ void exp_f32(const double* x, int n, float* out);
 // acc[c][d][l] = fma chain over j < n ascending of p[c][j][l] * k_j[d], from 0.
 void block_pv(const float* p, const float* kb, int n, int chunks, float* acc);
 
+// run_acc[c][d][l] = run_acc * fa[c * 16 + l] + (the fma chain of block_pv) * fb[c * 16 + l]: the
+// log-sum-exp merge of the block's acc into the fold so far, without storing the block's acc.
+void block_pv_merge(const float* p, const float* kb, int n, int chunks, float* run_acc, const float* fa,
+                    const float* fb);
+
 }  // namespace dsv41kv::detail::attn::avx512

@@ -37,6 +37,7 @@ namespace dsv41kv::detail::attn {
 
 inline constexpr int kBlock = kDecodeKeyBlock;
 inline constexpr int kD = kLatentDim;
+inline constexpr int kMaxHeads = 128;  // the largest of kAttentionHeadCounts
 
 // The views of one attention call (strides in elements).
 struct Io {
@@ -179,29 +180,53 @@ inline void compute_block(const Io& io, Scratch& s, int n, Partial out, CpuForm 
   }
 }
 
+// The log-sum-exp merge of SPEC 9.2 for every head: with M = max(m, m'), the factors a = fp32(exp(m
+// - M)) of the fold so far and b = fp32(exp(m' - M)) of the next block into fa, fb [H]; run.l and
+// run.m take the merged values (run.acc is left to the caller: acc * a + acc' * b).
+inline void merge_factors(Partial run, Partial blk, int H, float* fa, float* fb) {
+  for (int h = 0; h < H; ++h) {
+    const float M = num::max_f(run.m[h], blk.m[h]);
+    fa[h] = exp_f(static_cast<double>(run.m[h]) - static_cast<double>(M));
+    fb[h] = exp_f(static_cast<double>(blk.m[h]) - static_cast<double>(M));
+    run.l[h] = num::add_rn(num::mul_rn(run.l[h], fa[h]), num::mul_rn(blk.l[h], fb[h]));
+    run.m[h] = M;
+  }
+}
+
 // run = run (+) blk in log-sum-exp form (run holds at least one block).
 inline void merge(Partial run, Partial blk, int H) {
+  float fa[kMaxHeads], fb[kMaxHeads];
+  merge_factors(run, blk, H, fa, fb);
   const int HC = lanes(H);
   for (int c = 0; c < H / HC; ++c) {
-    float a[16], b[16];
-    for (int l = 0; l < HC; ++l) {
-      const int h = c * HC + l;
-      const float M = num::max_f(run.m[h], blk.m[h]);
-      a[l] = exp_f(static_cast<double>(run.m[h]) - static_cast<double>(M));
-      b[l] = exp_f(static_cast<double>(blk.m[h]) - static_cast<double>(M));
-      run.l[h] = num::add_rn(num::mul_rn(run.l[h], a[l]), num::mul_rn(blk.l[h], b[l]));
-      run.m[h] = M;
-    }
     float* ra = run.acc + static_cast<size_t>(c) * kD * HC;
     const float* ba = blk.acc + static_cast<size_t>(c) * kD * HC;
     for (int v = 0; v < HC / 8; ++v) {
-      const V8 av = v8_load(a + 8 * v), bv = v8_load(b + 8 * v);
+      const V8 av = v8_load(fa + c * HC + 8 * v), bv = v8_load(fb + c * HC + 8 * v);
       for (int d = 0; d < kD; ++d) {
         float* r = ra + d * HC + 8 * v;
         v8_store(r, v8_add(v8_mul(v8_load(r), av), v8_mul(v8_load(ba + d * HC + 8 * v), bv)));
       }
     }
   }
+}
+
+// run = run (+) the partial of the n keys in s.kb, with blk as the block's storage. The AVX-512
+// form merges each tile of the PV product into run.acc as it leaves the registers (the same
+// products and sum as merge()), so the block's acc is never stored.
+inline void fold_block(const Io& io, Scratch& s, int n, Partial run, Partial blk, CpuForm form) {
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 && s.HC == 16) {
+    avx512::block_scores(s.qc.data(), s.kb.data(), n, io.scale, s.chunks, s.z.data());
+    avx512::block_softmax(s.z.data(), n, s.chunks, blk.m, blk.l);
+    float fa[kMaxHeads], fb[kMaxHeads];
+    merge_factors(run, blk, s.H, fa, fb);
+    avx512::block_pv_merge(s.z.data(), s.kb.data(), n, s.chunks, run.acc, fa, fb);
+    return;
+  }
+#endif
+  compute_block(io, s, n, blk, form);
+  merge(run, blk, s.H);
 }
 
 inline void copy_partial(Partial dst, Partial src, int H) {
@@ -292,8 +317,7 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx, C
         } else if (b == 0) {
           compute_block(io, s, n, run, form);
         } else {
-          compute_block(io, s, n, blk, form);
-          merge(run, blk, H);
+          fold_block(io, s, n, run, blk, form);
         }
       }
       if (sp > 0) continue;
