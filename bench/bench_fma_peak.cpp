@@ -1,6 +1,6 @@
 // BM_Fp32FmaPeak: this machine's fp32 FMA peak (fma_peak.hpp), per thread with Google Benchmark's
 // ->Threads so that the figure for n threads is measured in the same run as the ops at n threads
-// (which also divide their rates by the same loop's figure, measured in their process).
+// (which also divide their rates by the same loop's figure, measured around their own timing).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -38,13 +38,6 @@ std::vector<int> thread_counts() {
 void thread_counts(benchmark::internal::Benchmark* b) {
   for (int t : thread_counts()) b->Threads(t);
 }
-
-// The op benchmarks' yardstick, calibrated at start-up for every thread count, before any
-// benchmark runs.
-const bool kCalibrated = [] {
-  for (int t : thread_counts()) fp32_fma_peak_gflops(t);
-  return true;
-}();
 
 BENCHMARK(BM_Fp32FmaPeak)->Apply(thread_counts)->UseRealTime();
 

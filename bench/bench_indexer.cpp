@@ -4,7 +4,7 @@
 // 2 * 32 * 128 flops of D per (token, entry) scored (the multiply-adds the fp32 FMA peak bounds;
 // the scores run them in binary64, D exact, so the binary64 peak, half the fp32 one, is the
 // ceiling); pct_of_peak divides it by the fp32 FMA peak of the same thread count measured in the
-// same process (fma_peak.hpp). The selection is included.
+// same run around this benchmark's timing (fma_peak.hpp). The selection is included.
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -64,12 +64,12 @@ void BM_IndexerScores(benchmark::State& state) {
   a.k_cache = cache;
   a.topk = TensorView::contiguous(topk.data(), DType::I32, {T, kIndexTopk});
   const ExecContext ctx{nullptr, threads};
+  const bench::PeakAround peak(threads);
   for (auto _ : state) {
     indexer_topk(a, ctx);
     benchmark::DoNotOptimize(topk.data());
   }
-  bench::set_rate_counters(state, 2.0 * kIndexHeads * kIndexHeadDim * static_cast<double>(T * kEntries),
-                           static_cast<double>(T), threads);
+  peak.set_counters(state, 2.0 * kIndexHeads * kIndexHeadDim * static_cast<double>(T * kEntries), static_cast<double>(T));
 }
 BENCHMARK(BM_IndexerScores)
     ->ArgNames({"tokens", "threads"})

@@ -3,8 +3,8 @@
 // has (AVX-512, else AVX2 + FMA, else scalar fma). The chains (kChains accumulators) outnumber
 // the FMA latency times the issue width, so the loop is bound by FMA throughput, not latency.
 // GFLOP/s counts 2 flops per lane per FMA. BM_Fp32FmaPeak reports it per thread count; the op
-// benchmarks divide their rate by fp32_fma_peak_gflops(threads), measured with the same loop once
-// per thread count in the same process, at start-up (bench_fma_peak.cpp).
+// benchmarks divide their rate by the same loop's figure at their thread count, measured in the
+// same run right before and after their own timing (PeakAround).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -13,8 +13,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -85,16 +83,12 @@ inline FmaUnit widest_fma_unit() {
   return {"scalar", 1, fma_scalar};
 }
 
-// GFLOP/s of `threads` threads running the FMA loop at once for about 25 ms, the best of eight
-// attempts (a peak: other work on the machine can only lower it); measured once per thread count.
-inline double fp32_fma_peak_gflops(int threads) {
-  static std::mutex mu;
-  static std::map<int, double> measured;
-  const std::lock_guard<std::mutex> lock(mu);
-  if (auto it = measured.find(threads); it != measured.end()) return it->second;
+// GFLOP/s of `threads` threads running the FMA loop at once for about 20 ms, the best of
+// `attempts` (a peak: other work on the machine can only lower it).
+inline double fp32_fma_peak_gflops(int threads, int attempts = 3) {
   const FmaUnit u = widest_fma_unit();
   double best = 0.0;
-  for (int attempt = 0; attempt < 8; ++attempt) {
+  for (int attempt = 0; attempt < attempts; ++attempt) {
     std::vector<int64_t> calls(static_cast<size_t>(threads), 0);
     std::vector<float> sink(static_cast<size_t>(threads), 0.0f);
     const auto t0 = std::chrono::steady_clock::now();
@@ -103,7 +97,7 @@ inline double fp32_fma_peak_gflops(int threads) {
       pool.emplace_back([&, i] {
         float s = 1.0f;
         int64_t c = 0;
-        for (; std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(25); ++c) s += u.run(s * 1e-30f + 1.0f);
+        for (; std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(20); ++c) s += u.run(s * 1e-30f + 1.0f);
         calls[static_cast<size_t>(i)] = c;
         sink[static_cast<size_t>(i)] = s;
       });
@@ -113,20 +107,31 @@ inline double fp32_fma_peak_gflops(int threads) {
     for (int64_t c : calls) total += c;
     best = std::max(best, u.flops() * static_cast<double>(total) / sec * 1e-9);
   }
-  measured[threads] = best;
   return best;
 }
 
-// The counters of an op benchmark that ran `flops` and `tokens` per iteration on `threads`
-// threads: GFLOP/s, tokens/s, and pct_of_peak, its GFLOP/s over fp32_fma_peak_gflops(threads) (the
-// same loop as BM_Fp32FmaPeak, measured in this process), and the peak itself.
-inline void set_rate_counters(benchmark::State& st, double flops, double tokens, int threads) {
-  const double it = static_cast<double>(st.iterations());
-  const double peak = fp32_fma_peak_gflops(threads);
-  st.counters["GFLOP/s"] = benchmark::Counter(flops * it * 1e-9, benchmark::Counter::kIsRate);
-  st.counters["tokens/s"] = benchmark::Counter(tokens * it, benchmark::Counter::kIsRate);
-  st.counters["pct_of_peak"] = benchmark::Counter(flops * it * 1e-9 / peak * 100.0, benchmark::Counter::kIsRate);
-  st.counters["peak_GFLOP/s"] = peak;
-}
+// The yardstick of one op benchmark run: the fp32 FMA peak of its thread count measured just before
+// its timed loop (construct it there) and just after (rate_counters), the larger of the two. This
+// machine's clock moves by several percent over seconds (one core: 200 to 238 GFLOP/s), so the
+// peak is taken next to the op rather than once per process.
+class PeakAround {
+ public:
+  explicit PeakAround(int threads) : threads_(threads), before_(fp32_fma_peak_gflops(threads)) {}
+
+  // The counters of the run that did `flops` and `tokens` per iteration: GFLOP/s, tokens/s, and
+  // pct_of_peak, its GFLOP/s over the peak (peak_GFLOP/s). Call after the timed loop.
+  void set_counters(benchmark::State& st, double flops, double tokens) const {
+    const double it = static_cast<double>(st.iterations());
+    const double peak = std::max(before_, fp32_fma_peak_gflops(threads_));
+    st.counters["GFLOP/s"] = benchmark::Counter(flops * it * 1e-9, benchmark::Counter::kIsRate);
+    st.counters["tokens/s"] = benchmark::Counter(tokens * it, benchmark::Counter::kIsRate);
+    st.counters["pct_of_peak"] = benchmark::Counter(flops * it * 1e-9 / peak * 100.0, benchmark::Counter::kIsRate);
+    st.counters["peak_GFLOP/s"] = peak;
+  }
+
+ private:
+  int threads_;
+  double before_;
+};
 
 }  // namespace dsv41kv::bench
