@@ -30,15 +30,9 @@ enum class CpuForm : uint8_t {
   kAvx512 = 1,    // 16 fp32 / 8 binary64 lanes, register blocks
 };
 
-inline bool cpu_has_avx512() {
-#if defined(DSV41KV_AVX512_FORMS)
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-  return has;
-#else
-  return false;
-#endif
-}
+// Whether this CPU runs the AVX-512 forms (decided once). Defined in cpu_form.cpp, not inline:
+// translation units that nvcc compiles include this header without DSV41KV_AVX512_FORMS.
+bool cpu_has_avx512();
 
 // The fastest form this CPU runs.
 inline CpuForm fastest_cpu_form() { return cpu_has_avx512() ? CpuForm::kAvx512 : CpuForm::kPortable; }
