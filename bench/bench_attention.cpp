@@ -75,13 +75,6 @@ void BM_SparseDecodeC2A(benchmark::State& state) {
   peak.set_counters(state, 2.0 * 2.0 * static_cast<double>(T) * H * 640 * 512, static_cast<double>(T));
   state.counters["splits"] = static_cast<double>(sched.splits);
 }
-BENCHMARK(BM_SparseDecodeC2A)
-    ->ArgNames({"tokens", "threads"})
-    ->Args({1, 1})
-    ->Args({1, 2})
-    ->Args({8, 1})
-    ->Args({8, 2})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_SparseDecodeC2A)->Apply(bench::tokens_and_threads);
 
 }  // namespace

@@ -71,13 +71,6 @@ void BM_IndexerScores(benchmark::State& state) {
   }
   peak.set_counters(state, 2.0 * kIndexHeads * kIndexHeadDim * static_cast<double>(T * kEntries), static_cast<double>(T));
 }
-BENCHMARK(BM_IndexerScores)
-    ->ArgNames({"tokens", "threads"})
-    ->Args({1, 1})
-    ->Args({1, 2})
-    ->Args({8, 1})
-    ->Args({8, 2})
-    ->UseRealTime()
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_IndexerScores)->Apply(bench::tokens_and_threads);
 
 }  // namespace

@@ -134,4 +134,13 @@ class PeakAround {
   double before_;
 };
 
+// The runs of a read-path op benchmark (arguments tokens, threads): 1 and 8 decode tokens, each
+// on 1 and 2 threads (this machine's cores), timed by the wall clock.
+inline void tokens_and_threads(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"tokens", "threads"});
+  for (int64_t tokens : {1, 8})
+    for (int64_t threads : {1, 2}) b->Args({tokens, threads});
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
 }  // namespace dsv41kv::bench

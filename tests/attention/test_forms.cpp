@@ -86,28 +86,15 @@ TEST_F(AttentionForms, DecodeWithWideScoresAndEveryRecordFormat) {
 TEST_F(AttentionForms, PrefillGivesTheSameBits) {
   SCOPED_TRACE(seed_text());
   const int H = 64;
-  const int64_t T = 4, s_kv = 400, topk = 300;
-  std::vector<uint16_t> kv(static_cast<size_t>(s_kv * kLatentDim)), q(static_cast<size_t>(T * H * kLatentDim));
-  for (auto& v : kv) v = random_bf16_value(rng(), 3.0);
-  for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng().normal()));
-  std::vector<int32_t> idx(static_cast<size_t>(T * topk)), len(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    len[static_cast<size_t>(t)] = static_cast<int32_t>(t == 0 ? topk : rng().integer(1, topk));
-    for (int64_t j = 0; j < topk; ++j)
-      idx[static_cast<size_t>(t * topk + j)] =
-          static_cast<int32_t>(rng().integer(0, 9) == 0 ? -1 : rng().integer(0, s_kv - 1));
-  }
-  std::vector<float> sink(H);
-  for (int h = 0; h < H; ++h) sink[static_cast<size_t>(h)] = h == 2 ? kInf : h == 5 ? -kInf : static_cast<float>(rng().normal());
+  const int64_t T = 5, s_kv = 400, topk = 300;
+  RandomPrefill p(T, H, s_kv, topk, rng());
   for (int threads : {1, 2}) {
     Outputs portable(T, H), avx512(T, H);
     for (auto [o, form] : {std::pair{&portable, detail::CpuForm::kPortable}, {&avx512, detail::CpuForm::kAvx512}}) {
-      SparsePrefillArgs a = prefill_args(q, T, H, kv, idx, topk, len, sink, default_scale());
-      a.out = o->out_view();
-      a.lse = o->lse_view();
-      const detail::PrefillPlan p = detail::plan_sparse_prefill(a);
-      detail::check_sparse_prefill_values(a, p);
-      detail::cpu::sparse_prefill(a, p, ExecContext{nullptr, threads}, form);
+      const SparsePrefillArgs a = p.args(*o);
+      const detail::PrefillPlan plan = detail::plan_sparse_prefill(a);
+      detail::check_sparse_prefill_values(a, plan);
+      detail::cpu::sparse_prefill(a, plan, ExecContext{nullptr, threads}, form);
     }
     EXPECT_TRUE(portable.same_bits(avx512)) << threads << " threads";
     EXPECT_TRUE(avx512.rows_beyond_untouched());
