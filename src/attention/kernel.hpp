@@ -20,10 +20,12 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "attention/avx512.hpp"
@@ -130,6 +132,21 @@ struct Scratch {
         kb(static_cast<size_t>(kBlock) * kD), z(static_cast<size_t>(H_) * kBlock),
         blk(static_cast<size_t>(partial_floats(H_))), run(static_cast<size_t>(partial_floats(H_))) {}
 };
+
+// The buffers of the calls made from one thread, kept for its next call: every worker's Scratch
+// and the split-K workspace. Allocating and zeroing them per call (half a MiB per worker, the
+// workspace 128 KiB per block) cost a quarter of a one-token decode on two threads. Nothing a
+// call reads from them was written by an earlier call: load_q, the key loads and every block
+// write what the loops then read.
+struct RunBuffers {
+  int H = 0;
+  std::vector<std::unique_ptr<Scratch>> scratch;
+  LineVector<float> ws;
+};
+inline RunBuffers& run_buffers() {
+  thread_local RunBuffers b;
+  return b;
+}
 
 // q of token t widened to fp32 in the [chunk][d][lane] layout.
 inline void load_q(const Io& io, int64_t t, Scratch& s) {
@@ -287,13 +304,22 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx, C
   }
   // split s >= 1 of a token stores each block's partial at ws slot ws_at + block; split 0 stores
   // its fold at ws slot ws_at (its own first block's slot)
-  LineVector<float> ws(static_cast<size_t>(ws_slots * partial_floats(H)));
+  RunBuffers& rb = run_buffers();
+  if (rb.H != H) {
+    rb.scratch.clear();
+    rb.H = H;
+  }
+  while (rb.scratch.size() < static_cast<size_t>(cpu_threads(ctx))) rb.scratch.push_back(std::make_unique<Scratch>(H));
+  if (rb.ws.size() < static_cast<size_t>(ws_slots * partial_floats(H)))
+    rb.ws.resize(static_cast<size_t>(ws_slots * partial_floats(H)));
+  float* ws = rb.ws.data();
+  std::atomic<size_t> next_scratch{0};  // one Scratch per worker (at most cpu_threads(ctx) of them)
   auto slot = [&](int64_t t, int64_t b) {
-    return Partial::at(ws.data() + (ws_at[static_cast<size_t>(t)] + b) * partial_floats(H), H);
+    return Partial::at(ws + (ws_at[static_cast<size_t>(t)] + b) * partial_floats(H), H);
   };
 
   parallel_for(T * splits, ctx, 1, [&](int64_t i0, int64_t i1) {
-    Scratch s(H);
+    Scratch& s = *rb.scratch[next_scratch++];
     std::vector<Key> keys;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / splits, sp = i % splits;
