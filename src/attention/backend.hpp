@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cpu_form.hpp"
 #include "dsv41kv/attention.hpp"
 
 namespace dsv41kv::detail {
@@ -81,8 +82,12 @@ std::string attention_head_counts();
 int64_t plan_splits(int64_t T, int64_t key_blocks, int threads);
 
 namespace cpu {
-void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx);
-void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx);
+// The attention ops with their block loops in `form` (the API takes the fastest this CPU runs; the
+// tests force each to show that both give the same bits).
+void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx,
+                   CpuForm form = fastest_cpu_form());
+void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx,
+                    CpuForm form = fastest_cpu_form());
 void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void build_prefill_indices(const PrefillIndexArgs& a, const IndexPlan& p, const ExecContext& ctx);
 void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, const ExecContext& ctx);

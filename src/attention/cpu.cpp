@@ -90,7 +90,7 @@ struct PrefillSource {
 
 }  // namespace
 
-void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx) {
+void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx, CpuForm form) {
   DecodeSource src;
   src.swa = &a.swa_cache;
   src.swa_idx = a.swa_indices.ptr<const int32_t>();
@@ -102,10 +102,10 @@ void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecCon
     src.cmp_rs = p.cmp_row_stride;
     src.cmp_len = a.cmp_lens.ptr<const int32_t>();
   }
-  attn::run(heads_io(a.q, a.sink, a.softmax_scale, a.out, a.lse, p.heads), src, p.splits, ctx);
+  attn::run(heads_io(a.q, a.sink, a.softmax_scale, a.out, a.lse, p.heads), src, p.splits, ctx, form);
 }
 
-void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx) {
+void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx, CpuForm form) {
   PrefillSource src;
   src.kv = a.kv.ptr<const uint16_t>();
   src.kv_rs = p.kv_row_stride;
@@ -115,7 +115,7 @@ void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const Exec
   src.len = a.topk_length.ptr<const int32_t>();
   const int64_t key_blocks = (p.topk + attn::kBlock - 1) / attn::kBlock;
   attn::run(heads_io(a.q, a.sink, a.softmax_scale, a.out, a.lse, p.heads), src,
-            plan_splits(p.heads.T, key_blocks, cpu_threads(ctx)), ctx);
+            plan_splits(p.heads.T, key_blocks, cpu_threads(ctx)), ctx, form);
 }
 
 // SPEC 9.5 step 1: the rows of every chunk request (its N_b compressed entries, then its G_b SWA

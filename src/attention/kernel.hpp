@@ -20,21 +20,26 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
+#include "attention/avx512.hpp"
+#include "attention/simd.hpp"
+#include "core/cpu_form.hpp"
 #include "core/parallel.hpp"
 #include "dsv41kv/attention.hpp"
-#include "attention/simd.hpp"
 #include "dsv41kv/numerics.hpp"
 
 namespace dsv41kv::detail::attn {
 
 inline constexpr int kBlock = kDecodeKeyBlock;
 inline constexpr int kD = kLatentDim;
+inline constexpr int kMaxHeads = 128;  // the largest of kAttentionHeadCounts
 
 // The views of one attention call (strides in elements).
 struct Io {
@@ -118,15 +123,30 @@ void block_pv(const float* p, const float* kb, int n, float* acc) {
 // Per-thread buffers of one call.
 struct Scratch {
   int H = 0, HC = 0, chunks = 0;
-  std::vector<float> qc;         // [chunks][512][HC]
-  std::vector<float> kb;         // [kBlock][512] keys of the current block
-  std::vector<float> z;          // [chunks][kBlock][HC] scores, then probabilities
-  std::vector<float> blk, run;   // Partial storage
+  LineVector<float> qc;         // [chunks][512][HC]
+  LineVector<float> kb;         // [kBlock][512] keys of the current block
+  LineVector<float> z;          // [chunks][kBlock][HC] scores, then probabilities
+  LineVector<float> blk, run;   // Partial storage
   explicit Scratch(int H_)
       : H(H_), HC(lanes(H_)), chunks(H_ / lanes(H_)), qc(static_cast<size_t>(H_) * kD),
         kb(static_cast<size_t>(kBlock) * kD), z(static_cast<size_t>(H_) * kBlock),
         blk(static_cast<size_t>(partial_floats(H_))), run(static_cast<size_t>(partial_floats(H_))) {}
 };
+
+// The buffers of the calls made from one thread, kept for its next call: every worker's Scratch
+// and the split-K workspace. Allocating and zeroing them per call (half a MiB per worker, the
+// workspace 128 KiB per block) cost a quarter of a one-token decode on two threads. Nothing a
+// call reads from them was written by an earlier call: load_q, the key loads and every block
+// write what the loops then read.
+struct RunBuffers {
+  int H = 0;
+  std::vector<std::unique_ptr<Scratch>> scratch;
+  LineVector<float> ws;
+};
+inline RunBuffers& run_buffers() {
+  thread_local RunBuffers b;
+  return b;
+}
 
 // q of token t widened to fp32 in the [chunk][d][lane] layout.
 inline void load_q(const Io& io, int64_t t, Scratch& s) {
@@ -137,8 +157,19 @@ inline void load_q(const Io& io, int64_t t, Scratch& s) {
   }
 }
 
-// The partial of the n keys in s.kb (1 <= n <= kBlock) into `out`.
-inline void compute_block(const Io& io, Scratch& s, int n, Partial out) {
+// The partial of the n keys in s.kb (1 <= n <= kBlock) into `out`, in the given form (the AVX-512
+// one for chunks of 16 lanes; the same bits either way).
+inline void compute_block(const Io& io, Scratch& s, int n, Partial out, CpuForm form) {
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 && s.HC == 16) {
+    avx512::block_scores(s.qc.data(), s.kb.data(), n, io.scale, s.chunks, s.z.data());
+    avx512::block_softmax(s.z.data(), n, s.chunks, out.m, out.l);
+    avx512::block_pv(s.z.data(), s.kb.data(), n, s.chunks, out.acc);
+    return;
+  }
+#else
+  (void)form;
+#endif
   const int n4 = (n + 3) / 4 * 4;
   std::fill(s.kb.begin() + static_cast<ptrdiff_t>(n) * kD, s.kb.begin() + static_cast<ptrdiff_t>(n4) * kD, 0.0f);
   const int HC = s.HC;
@@ -166,29 +197,53 @@ inline void compute_block(const Io& io, Scratch& s, int n, Partial out) {
   }
 }
 
+// The log-sum-exp merge of SPEC 9.2 for every head: with M = max(m, m'), the factors a = fp32(exp(m
+// - M)) of the fold so far and b = fp32(exp(m' - M)) of the next block into fa, fb [H]; run.l and
+// run.m take the merged values (run.acc is left to the caller: acc * a + acc' * b).
+inline void merge_factors(Partial run, Partial blk, int H, float* fa, float* fb) {
+  for (int h = 0; h < H; ++h) {
+    const float M = num::max_f(run.m[h], blk.m[h]);
+    fa[h] = exp_f(static_cast<double>(run.m[h]) - static_cast<double>(M));
+    fb[h] = exp_f(static_cast<double>(blk.m[h]) - static_cast<double>(M));
+    run.l[h] = num::add_rn(num::mul_rn(run.l[h], fa[h]), num::mul_rn(blk.l[h], fb[h]));
+    run.m[h] = M;
+  }
+}
+
 // run = run (+) blk in log-sum-exp form (run holds at least one block).
 inline void merge(Partial run, Partial blk, int H) {
+  float fa[kMaxHeads], fb[kMaxHeads];
+  merge_factors(run, blk, H, fa, fb);
   const int HC = lanes(H);
   for (int c = 0; c < H / HC; ++c) {
-    float a[16], b[16];
-    for (int l = 0; l < HC; ++l) {
-      const int h = c * HC + l;
-      const float M = num::max_f(run.m[h], blk.m[h]);
-      a[l] = exp_f(static_cast<double>(run.m[h]) - static_cast<double>(M));
-      b[l] = exp_f(static_cast<double>(blk.m[h]) - static_cast<double>(M));
-      run.l[h] = num::add_rn(num::mul_rn(run.l[h], a[l]), num::mul_rn(blk.l[h], b[l]));
-      run.m[h] = M;
-    }
     float* ra = run.acc + static_cast<size_t>(c) * kD * HC;
     const float* ba = blk.acc + static_cast<size_t>(c) * kD * HC;
     for (int v = 0; v < HC / 8; ++v) {
-      const V8 av = v8_load(a + 8 * v), bv = v8_load(b + 8 * v);
+      const V8 av = v8_load(fa + c * HC + 8 * v), bv = v8_load(fb + c * HC + 8 * v);
       for (int d = 0; d < kD; ++d) {
         float* r = ra + d * HC + 8 * v;
         v8_store(r, v8_add(v8_mul(v8_load(r), av), v8_mul(v8_load(ba + d * HC + 8 * v), bv)));
       }
     }
   }
+}
+
+// run = run (+) the partial of the n keys in s.kb, with blk as the block's storage. The AVX-512
+// form merges each tile of the PV product into run.acc as it leaves the registers (the same
+// products and sum as merge()), so the block's acc is never stored.
+inline void fold_block(const Io& io, Scratch& s, int n, Partial run, Partial blk, CpuForm form) {
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 && s.HC == 16) {
+    avx512::block_scores(s.qc.data(), s.kb.data(), n, io.scale, s.chunks, s.z.data());
+    avx512::block_softmax(s.z.data(), n, s.chunks, blk.m, blk.l);
+    float fa[kMaxHeads], fb[kMaxHeads];
+    merge_factors(run, blk, s.H, fa, fb);
+    avx512::block_pv_merge(s.z.data(), s.kb.data(), n, s.chunks, run.acc, fa, fb);
+    return;
+  }
+#endif
+  compute_block(io, s, n, blk, form);
+  merge(run, blk, s.H);
 }
 
 inline void copy_partial(Partial dst, Partial src, int H) {
@@ -225,9 +280,10 @@ inline void finalize(const Io& io, int64_t t, Partial run, int HC) {
 // Runs the attention of every token of `io` over the key lists of `src`:
 //   src.each(t, f)               f(key) for the valid keys of token t, in key-list order
 //   src.load(key, float* dst)    one key's 512 values (K = V)
-// with `splits` work items per token (1 .. key blocks of the widest list; more is clamped).
+// with `splits` work items per token (1 .. key blocks of the widest list; more is clamped), the
+// block loops in the given form.
 template <class Src>
-void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
+void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx, CpuForm form) {
   using Key = typename Src::Key;
   const int64_t T = io.T;
   const int H = io.H;
@@ -248,13 +304,22 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
   }
   // split s >= 1 of a token stores each block's partial at ws slot ws_at + block; split 0 stores
   // its fold at ws slot ws_at (its own first block's slot)
-  std::vector<float> ws(static_cast<size_t>(ws_slots * partial_floats(H)));
+  RunBuffers& rb = run_buffers();
+  if (rb.H != H) {
+    rb.scratch.clear();
+    rb.H = H;
+  }
+  while (rb.scratch.size() < static_cast<size_t>(cpu_threads(ctx))) rb.scratch.push_back(std::make_unique<Scratch>(H));
+  if (rb.ws.size() < static_cast<size_t>(ws_slots * partial_floats(H)))
+    rb.ws.resize(static_cast<size_t>(ws_slots * partial_floats(H)));
+  float* ws = rb.ws.data();
+  std::atomic<size_t> next_scratch{0};  // one Scratch per worker (at most cpu_threads(ctx) of them)
   auto slot = [&](int64_t t, int64_t b) {
-    return Partial::at(ws.data() + (ws_at[static_cast<size_t>(t)] + b) * partial_floats(H), H);
+    return Partial::at(ws + (ws_at[static_cast<size_t>(t)] + b) * partial_floats(H), H);
   };
 
   parallel_for(T * splits, ctx, 1, [&](int64_t i0, int64_t i1) {
-    Scratch s(H);
+    Scratch& s = *rb.scratch[next_scratch++];
     std::vector<Key> keys;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = i / splits, sp = i % splits;
@@ -274,12 +339,11 @@ void run(const Io& io, const Src& src, int64_t splits, const ExecContext& ctx) {
         const int n = static_cast<int>(std::min<int64_t>(kBlock, n_keys - b * kBlock));
         for (int j = 0; j < n; ++j) src.load(keys[static_cast<size_t>(b * kBlock + j)], s.kb.data() + j * kD);
         if (sp > 0) {
-          compute_block(io, s, n, slot(t, b));
+          compute_block(io, s, n, slot(t, b), form);
         } else if (b == 0) {
-          compute_block(io, s, n, run);
+          compute_block(io, s, n, run, form);
         } else {
-          compute_block(io, s, n, blk);
-          merge(run, blk, H);
+          fold_block(io, s, n, run, blk, form);
         }
       }
       if (sp > 0) continue;

@@ -11,6 +11,7 @@
 #include "core/parallel.hpp"
 #include "core/validate.hpp"
 #include "dsv41kv/numerics.hpp"
+#include "formats/e4m3_avx512.hpp"
 
 namespace dsv41kv::detail {
 
@@ -173,11 +174,60 @@ void ue8m0_tiles_f32(const uint8_t* pg, int64_t S, int64_t off, int tiles, int t
   }
 }
 
+#if defined(DSV41KV_AVX512_FORMS)
+// ue8m0_tiles_f32 16 values at a time: a tile with an exact scale as mul_rn(value, f) of the same
+// fp32 value (the fp16 route of formats/e4m3_avx512.hpp times 2^8, exact; the NaN codes the
+// table's NaN, which the product returns unchanged), the other tiles through the reader.
+template <class L>
+DSV41KV_AVX512 void ue8m0_tiles_f32_avx512(const uint8_t* pg, int64_t S, int64_t off, int tiles, int tile, float* o,
+                                           uint16_t (*read)(const uint8_t*, int64_t, int64_t, int)) {
+  const uint8_t* val = pg + L::value_offset(S, off);
+  const uint8_t* sc = pg + L::scale_offset(S, off);
+  const __m512 unscale = _mm512_set1_ps(e4m3x16::kUnscale);
+  const __m512 nan = _mm512_set1_ps(decode_tables().e4m3[0x7F]);
+  for (int k = 0; k < tiles; ++k) {
+    float* ok = o + tile * k;
+    if (sc[k] < kExactUe8m0Min || sc[k] == 255) {
+      for (int i = 0; i < tile; ++i) ok[i] = num::bf16_decode(read(pg, S, off, tile * k + i));
+      continue;
+    }
+    const __m512 f = _mm512_set1_ps(num::ue8m0_scale(sc[k]));
+    for (int i = 0; i < tile; i += 16) {
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(val + tile * k + i));
+      const __m512 v = _mm512_mask_mov_ps(_mm512_mul_ps(e4m3x16::scaled(c), unscale), e4m3x16::nan_lanes(c), nan);
+      _mm512_storeu_ps(ok + i, _mm512_mul_ps(v, f));
+    }
+  }
+}
+
+// The 64 bf16 RoPE values of a 584 record widened (bits << 16), 16 at a time.
+DSV41KV_AVX512 void v4_rope_f32_avx512(const uint8_t* pg, int64_t S, int64_t off, float* o) {
+  const uint8_t* rope = pg + V4Layout::value_offset(S, off) + kNopeDim;
+  for (int i = 0; i < kLatentDim - kNopeDim; i += 16) {
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(rope + 2 * i));
+    _mm512_storeu_si512(o + kNopeDim + i, _mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+  }
+}
+#endif
+
 }  // namespace
 
-void read_state_f32(const CacheView& c, int64_t slot, float* o) {
+void read_state_f32(const CacheView& c, int64_t slot, float* o, CpuForm form) {
   const int64_t S = c.states_per_page, page = slot / S, off = slot % S;
   const auto* pg = static_cast<const uint8_t*>(c.base) + page * c.page_stride;
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 && c.format == RecordFormat::V4_584) {
+    ue8m0_tiles_f32_avx512<V4Layout>(pg, S, off, 7, 64, o, rec::read_v4_584);
+    v4_rope_f32_avx512(pg, S, off, o);
+    return;
+  }
+  if (form == CpuForm::kAvx512 && c.format == RecordFormat::MXFP8_528) {
+    ue8m0_tiles_f32_avx512<Mxfp8Layout>(pg, S, off, 16, 32, o, rec::read_mxfp8_528);
+    return;
+  }
+#else
+  (void)form;
+#endif
   switch (c.format) {
     case RecordFormat::V4_584:
       ue8m0_tiles_f32<V4Layout>(pg, S, off, 7, 64, o, rec::read_v4_584);

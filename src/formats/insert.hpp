@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/cpu_form.hpp"
 #include "core/parallel.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/records.hpp"
@@ -71,8 +72,9 @@ void read_state(const CacheView& c, int64_t slot, uint16_t* out);
 // every e4m3 value times the scale is 0 or a normal fp32 of at most 4 significant bits; an NVFP4
 // tile with a non-NaN scale: e2m1 times e4m3 has at most 6 significant bits and lies in the normal
 // range), through the readers otherwise. Checked on every code and scale byte by
-// tests/formats/test_records.cpp. The attention keys are read with it.
-void read_state_f32(const CacheView& c, int64_t slot, float* out);
+// tests/formats/test_records.cpp. The attention keys are read with it. `form` picks the loops
+// (the AVX-512 one for 584 and 528 records: 16 values per step, the same bits).
+void read_state_f32(const CacheView& c, int64_t slot, float* out, CpuForm form = fastest_cpu_form());
 
 // The host value checks of every op that writes one state per closing token with a slot (the
 // insert, the index-K store of SPEC 8.1): for each token t < N with slot[t] >= 0, the slot below

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "core/cpu_form.hpp"
 #include "dsv41kv/indexer.hpp"
 
 namespace dsv41kv::detail {
@@ -60,7 +61,10 @@ inline int64_t candidate_blocks(int64_t n) { return (n + kCandidateBlockSize - 1
 namespace cpu {
 void index_k_store(const IndexKStoreArgs& a, const IndexKStorePlan& p, const ExecContext& ctx);
 void index_q_prep(const IndexQPrepArgs& a, const IndexQPrepPlan& p, const ExecContext& ctx);
-void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx);
+// The scores in `form` (the API takes the fastest this CPU runs; the tests force each to show that
+// both give the same bits).
+void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx,
+                  CpuForm form = fastest_cpu_form());
 void indexer_shortcut(const IndexerShortcutArgs& a, const IndexerShortcutPlan& p, const ExecContext& ctx);
 }  // namespace cpu
 

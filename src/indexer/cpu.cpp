@@ -5,16 +5,18 @@
 // the scores split tokens, or the entries of one token when a step has fewer tokens than threads
 // (decode with a long context); the selection of a token runs on one thread.
 #include <algorithm>
-#include <array>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <vector>
 
+#include "core/cpu_form.hpp"
 #include "core/parallel.hpp"
 #include "formats/insert.hpp"
+#include "indexer/avx512.hpp"
 #include "indexer/backend.hpp"
 #include "indexer/rows.hpp"
+#include "indexer/score.hpp"
 #include "indexer/select.hpp"
 
 namespace dsv41kv::detail::cpu {
@@ -70,53 +72,8 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-// e4m3_decode of every byte as a double (exact).
-const std::array<double, 256>& e4m3_lut() {
-  static const std::array<double, 256> lut = [] {
-    std::array<double, 256> l{};
-    for (int c = 0; c < 256; ++c) l[static_cast<size_t>(c)] = num::e4m3_decode(static_cast<uint8_t>(c));
-    return l;
-  }();
-  return lut;
-}
-
-// The query of one token, decoded once: q[h * 128 + d] = e4m3_decode(q8[t, h, d]), w[h] = w[t, h].
-struct Query {
-  double q[kIndexHeads * kIndexHeadDim];
-  double w[kIndexHeads];
-};
-
 void load_query(const IndexerTopkArgs& a, int64_t t, Query& qy) {
-  const auto& lut = e4m3_lut();
-  const uint8_t* q8 = a.q8.ptr<const uint8_t>() + t * kIndexHeads * kIndexHeadDim;
-  for (int i = 0; i < kIndexHeads * kIndexHeadDim; ++i) qy.q[i] = lut[q8[i]];
-  const float* w = a.w.ptr<const float>() + t * kIndexHeads;
-  for (int h = 0; h < kIndexHeads; ++h) qy.w[h] = w[h];
-}
-
-// I(t, i) for the key with e4m3 codes k8 and scale sk. Each product of two e4m3 values is a
-// multiple of 2^-18 below 2^18 in magnitude, so every partial sum of D's 128 products is a multiple
-// of 2^-18 below 2^25: exact in binary64 whatever the order, and the 8 lanes below let the
-// compiler vectorise it. Then I = sum_h w[h] * max(0, D_h) in binary64 with heads ascending (a
-// NaN D stays NaN), times sk (a power of two: exact), rounded once to fp32.
-constexpr int kLanes = 8;  // partial sums of D
-float score(const Query& qy, const uint8_t* k8, float sk) {
-  const auto& lut = e4m3_lut();
-  double k[kIndexHeadDim];
-  for (int d = 0; d < kIndexHeadDim; ++d) k[d] = lut[k8[d]];
-  double acc = 0.0;
-  for (int h = 0; h < kIndexHeads; ++h) {
-    const double* q = qy.q + h * kIndexHeadDim;
-    double l[kLanes];
-    for (int j = 0; j < kLanes; ++j) l[j] = 0.0;
-    for (int d0 = 0; d0 < kIndexHeadDim; d0 += kLanes)
-      for (int j = 0; j < kLanes; ++j) l[j] += q[d0 + j] * k[d0 + j];
-    for (int h2 = kLanes / 2; h2 >= 1; h2 >>= 1)
-      for (int j = 0; j < h2; ++j) l[j] += l[j + h2];
-    const double D = l[0];
-    acc += qy.w[h] * (D < 0.0 ? 0.0 : D);
-  }
-  return static_cast<float>(acc * static_cast<double>(sk));
+  load_query(a.q8.ptr<const uint8_t>() + t * kIndexHeads * kIndexHeadDim, a.w.ptr<const float>() + t * kIndexHeads, qy);
 }
 
 // Where the entries of one token's request live.
@@ -124,25 +81,85 @@ struct Keys {
   const uint8_t* base = nullptr;
   int64_t page_stride = 0, S = 0;
   const int32_t* pages = nullptr;  // the request's block-table row
+  int64_t n = 0;                   // the visible entries (n_c)
 
+  const uint8_t* page(int64_t i) const { return base + static_cast<int64_t>(pages[i / S]) * page_stride; }
   float score_of(const Query& qy, int64_t i) const {
-    const uint8_t* page = base + static_cast<int64_t>(pages[i / S]) * page_stride;
-    return score(qy, rec::index_k_fp8_codes(page, S, i % S), rec::read_index_k_fp8_scale(page, S, i % S));
+    const uint8_t* pg = page(i);
+    return score(qy, rec::index_k_fp8_codes(pg, S, i % S), rec::read_index_k_fp8_scale(pg, S, i % S));
+  }
+};
+
+// The codes and scale of entries looked up in (mostly) ascending order: one division per page
+// rather than per entry. Each lookup also prefetches the entry kAhead further on, on this page or
+// the next one when that holds visible entries (hints only, never loads: the hardware's stream
+// prefetch stops at every 4 KiB page, which a step of keys from DRAM crosses every 31 entries).
+struct KeyCursor {
+  static constexpr int64_t kAhead = 32;
+  const Keys& keys;
+  int64_t n = 0;                  // the visible entries: the block-table row holds their pages
+  int64_t first = 0, end = 0;     // the entries [first, end) of the current page
+  const uint8_t* pg = nullptr;
+  const uint8_t* next = nullptr;  // the next page, once a prefetch reached it
+  void at(int64_t i, const uint8_t*& codes, float& scale) {
+    const int64_t S = keys.S;
+    if (i < first || i >= end) {
+      first = i / S * S;
+      end = first + S;
+      pg = keys.page(i);
+      next = nullptr;
+    }
+    const int64_t r = i - first;
+    codes = rec::index_k_fp8_codes(pg, S, r);
+    scale = rec::read_index_k_fp8_scale(pg, S, r);
+    int64_t ra = r + kAhead;
+    const uint8_t* pa = pg;
+    if (ra >= S) {
+      if (kAhead >= S || end >= n) return;
+      if (next == nullptr) next = keys.page(end);
+      pa = next;
+      ra -= S;
+    }
+    const uint8_t* ca = rec::index_k_fp8_codes(pa, S, ra);
+    __builtin_prefetch(ca);
+    __builtin_prefetch(ca + 64);
+    if (ra % 16 == 0) __builtin_prefetch(pa + IndexerKFp8Layout::scale_offset(S, ra));
   }
 };
 
 constexpr int64_t kEntryGrain = 2048;  // entries per thread range when one token's entries are split
 
-// The scores of the entries idx(0..n) into out[0..n), split over ctx's threads.
+// The scores of the entries idx(0..n) into out[0..n), split over ctx's threads; by groups in the
+// AVX-512 form when the token has its query `qa` (the same bits; an entry with a NaN code is
+// scored the portable way).
 template <class Index>
-void score_entries(const Query& qy, const Keys& keys, int64_t n, Index idx, float* out, const ExecContext& ctx) {
+void score_entries(const Query& qy, const indexer_avx512::Query* qa, const Keys& keys, int64_t n, Index idx,
+                   float* out, const ExecContext& ctx) {
   parallel_for(n, ctx, kEntryGrain, [&](int64_t b, int64_t e) {
+#if defined(DSV41KV_AVX512_FORMS)
+    if (qa != nullptr) {
+      constexpr int G = indexer_avx512::kGroup;
+      const uint8_t* codes[G];
+      float sk[G];
+      KeyCursor cur{keys, keys.n};
+      for (int64_t j0 = b; j0 < e; j0 += G) {
+        const int m = static_cast<int>(std::min<int64_t>(G, e - j0));
+        for (int j = 0; j < m; ++j) cur.at(idx(j0 + j), codes[j], sk[j]);
+        for (uint32_t nan = indexer_avx512::scores(*qa, codes, sk, m, out + j0); nan != 0; nan &= nan - 1)
+          out[j0 + __builtin_ctz(nan)] = keys.score_of(qy, idx(j0 + __builtin_ctz(nan)));
+      }
+      return;
+    }
+#else
+    (void)qa;
+#endif
     for (int64_t j = b; j < e; ++j) out[j] = keys.score_of(qy, idx(j));
   });
 }
 
 struct TokenScratch {
   Query query;
+  indexer_avx512::Query query_avx512;
   std::vector<float> scores, blocks, select;
   std::vector<int64_t> entries;  // a consumer's candidate entries, ascending
   std::vector<int32_t> picked;
@@ -151,7 +168,7 @@ struct TokenScratch {
 // One token of indexer_topk: its rows of topk (and candidates for a source, scores when asked)
 // written whole.
 void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, TokenScratch& s,
-                const ExecContext& entry_ctx) {
+                const ExecContext& entry_ctx, CpuForm form) {
   int32_t* topk = a.topk.ptr<int32_t>() + t * p.topk_stride;
   std::fill(topk, topk + kIndexTopk, -1);
   int32_t* cand = a.role == IndexerRole::kPlain ? nullptr : a.candidates.ptr<int32_t>() + t * p.cand_stride;
@@ -166,7 +183,17 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
   keys.page_stride = a.k_cache.page_stride;
   keys.S = a.k_cache.states_per_page;
   keys.pages = a.block_table.ptr<const int32_t>() + a.token_to_req.ptr<const int32_t>()[t] * p.bt_stride;
+  keys.n = nc;
   load_query(a, t, s.query);
+  const indexer_avx512::Query* qa = nullptr;
+#if defined(DSV41KV_AVX512_FORMS)
+  if (form == CpuForm::kAvx512 &&
+      indexer_avx512::load_query(a.q8.ptr<const uint8_t>() + t * kIndexHeads * kIndexHeadDim,
+                                 a.w.ptr<const float>() + t * kIndexHeads, s.query_avx512))
+    qa = &s.query_avx512;
+#else
+  (void)form;
+#endif
 
   if (a.role == IndexerRole::kCandidateConsumer) {
     // SPEC 8.7: only the entries of the source's candidate blocks are scored; every other score is
@@ -179,8 +206,8 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
         s.entries.push_back(i);
     const auto m = static_cast<int64_t>(s.entries.size());
     s.scores.resize(static_cast<size_t>(m));
-    score_entries(s.query, keys, m, [&](int64_t j) { return s.entries[static_cast<size_t>(j)]; }, s.scores.data(),
-                  entry_ctx);
+    score_entries(s.query, qa, keys, m, [&](int64_t j) { return s.entries[static_cast<size_t>(j)]; },
+                  s.scores.data(), entry_ctx);
     s.picked.resize(kIndexTopk);
     const int64_t k = select_top(s.scores.data(), m, kIndexTopk, true, s.picked.data(), s.select);
     for (int64_t j = 0; j < k; ++j) topk[j] = static_cast<int32_t>(s.entries[static_cast<size_t>(s.picked[j])]);
@@ -190,7 +217,7 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
   }
 
   s.scores.resize(static_cast<size_t>(nc));
-  score_entries(s.query, keys, nc, [](int64_t i) { return i; }, s.scores.data(), entry_ctx);
+  score_entries(s.query, qa, keys, nc, [](int64_t i) { return i; }, s.scores.data(), entry_ctx);
   select_top(s.scores.data(), nc, kIndexTopk, true, topk, s.select);
   if (scores_row) std::copy(s.scores.begin(), s.scores.end(), scores_row);
 
@@ -210,19 +237,19 @@ void topk_token(const IndexerTopkArgs& a, const IndexerTopkPlan& p, int64_t t, T
 
 }  // namespace
 
-void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx) {
+void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const ExecContext& ctx, CpuForm form) {
   const int threads = cpu_threads(ctx);
   if (p.T >= threads) {
     ExecContext serial = ctx;
     serial.num_threads = 1;
     parallel_for(p.T, ctx, 1, [&](int64_t b, int64_t e) {
       auto s = std::make_unique<TokenScratch>();
-      for (int64_t t = b; t < e; ++t) topk_token(a, p, t, *s, serial);
+      for (int64_t t = b; t < e; ++t) topk_token(a, p, t, *s, serial, form);
     });
     return;
   }
   auto s = std::make_unique<TokenScratch>();
-  for (int64_t t = 0; t < p.T; ++t) topk_token(a, p, t, *s, ctx);
+  for (int64_t t = 0; t < p.T; ++t) topk_token(a, p, t, *s, ctx, form);
 }
 
 // ---------------------------------------------------------------- shortcut (SPEC 8.6)

@@ -1,4 +1,5 @@
-// A random decode call (SPEC 9.4) of the attention tests: paged SWA and compressed caches of given
+// A random decode call (SPEC 9.4) of the attention tests (and a random prefill call over a
+// workspace, RandomPrefill): paged SWA and compressed caches of given
 // formats with random valid records, index rows with every length pattern (0, full, random, all
 // masked, masked entries inside the prefix, garbage past the length), random queries and sinks
 // (finite, -inf, +inf; padded heads with q = 0 and sink -inf), and the binary64 expectation.
@@ -143,6 +144,40 @@ struct DecodeCase {
         idx[static_cast<size_t>(t * width + j)] = v;
       }
     }
+  }
+};
+
+// A random sparse_prefill call over a workspace of s_kv bf16 rows: row t of the index rows has
+// length 0 (t = 1), topk (t = 2) or a random one; its entries are masked (t = 3: all; else one in
+// ten below 0, one in ten at or past s_kv) or random rows; sinks +inf (head 2), -inf (head 5) or
+// normal. Outputs left to the caller.
+struct RandomPrefill {
+  int64_t T = 0, H = 0, s_kv = 0, topk = 0;
+  std::vector<uint16_t> kv, q;
+  std::vector<int32_t> idx, len;
+  std::vector<float> sink;
+  RandomPrefill(int64_t T_, int64_t H_, int64_t s_kv_, int64_t topk_, Rng& rng)
+      : T(T_), H(H_), s_kv(s_kv_), topk(topk_), kv(static_cast<size_t>(s_kv_ * kLatentDim)),
+        q(static_cast<size_t>(T_ * H_ * kLatentDim)), idx(static_cast<size_t>(T_ * topk_)), len(static_cast<size_t>(T_)),
+        sink(static_cast<size_t>(H_)) {
+    for (auto& v : kv) v = random_bf16_value(rng, 3.0);
+    for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng.normal()));
+    for (int64_t t = 0; t < T; ++t) {
+      len[static_cast<size_t>(t)] = static_cast<int32_t>(t == 1 ? 0 : t == 2 ? topk : rng.integer(1, topk));
+      for (int64_t j = 0; j < topk; ++j) {
+        const int64_t k = rng.integer(0, 9);  // masked: < 0 or >= s_kv
+        idx[static_cast<size_t>(t * topk + j)] =
+            static_cast<int32_t>(t == 3 || k == 0 ? -1 : k == 1 ? rng.integer(s_kv, 1 << 20) : rng.integer(0, s_kv - 1));
+      }
+    }
+    for (int64_t h = 0; h < H; ++h)
+      sink[static_cast<size_t>(h)] = h == 2 ? kInf : h == 5 ? -kInf : static_cast<float>(rng.normal());
+  }
+  SparsePrefillArgs args(Outputs& o) {
+    SparsePrefillArgs a = prefill_args(q, T, H, kv, idx, topk, len, sink, default_scale());
+    a.out = o.out_view();
+    a.lse = o.lse_view();
+    return a;
   }
 };
 

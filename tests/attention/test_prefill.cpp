@@ -213,39 +213,24 @@ TEST_F(Prefill, SparsePrefillAgreesWithTheReference) {
   SCOPED_TRACE(seed_text());
   const int H = 16;
   const int64_t T = 7, s_kv = 300, topk = 200;
-  std::vector<uint16_t> kv(static_cast<size_t>(s_kv * kLatentDim)), q(static_cast<size_t>(T * H * kLatentDim));
-  for (auto& v : kv) v = random_bf16_value(rng(), 3.0);
-  for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng().normal()));
-  std::vector<int32_t> idx(static_cast<size_t>(T * topk)), len(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    len[static_cast<size_t>(t)] = static_cast<int32_t>(t == 1 ? 0 : t == 2 ? topk : rng().integer(1, topk));
-    for (int64_t j = 0; j < topk; ++j) {
-      const int64_t k = rng().integer(0, 9);  // masked: < 0 or >= s_kv
-      idx[static_cast<size_t>(t * topk + j)] =
-          static_cast<int32_t>(t == 3 || k == 0 ? -1 : k == 1 ? rng().integer(s_kv, 1 << 20) : rng().integer(0, s_kv - 1));
-    }
-  }
-  std::vector<float> sink(H);
-  for (int h = 0; h < H; ++h) sink[static_cast<size_t>(h)] = h == 2 ? kInf : h == 5 ? -kInf : static_cast<float>(rng().normal());
-  SparsePrefillArgs a = prefill_args(q, T, H, kv, idx, topk, len, sink, default_scale());
+  RandomPrefill p(T, H, s_kv, topk, rng());
   Outputs base(T, H);
   for (int threads : {1, 2, 5}) {
     Outputs o(T, H);
-    a.out = o.out_view();
-    a.lse = o.lse_view();
+    const SparsePrefillArgs a = p.args(o);
     sparse_prefill(a, ExecContext{nullptr, threads});
     if (threads == 1) {
       Expected e;
       e.H = H;
       for (int64_t t = 0; t < T; ++t) {
         std::vector<int64_t> rows;
-        for (int32_t j = 0; j < len[static_cast<size_t>(t)]; ++j) {
-          const int32_t i = idx[static_cast<size_t>(t * topk + j)];
+        for (int32_t j = 0; j < p.len[static_cast<size_t>(t)]; ++j) {
+          const int32_t i = p.idx[static_cast<size_t>(t * topk + j)];
           if (i >= 0 && i < s_kv) rows.push_back(i);
         }
         std::vector<uint16_t> keys;
-        for (int64_t r : rows) keys.insert(keys.end(), kv.begin() + r * kLatentDim, kv.begin() + (r + 1) * kLatentDim);
-        e.add(q.data() + t * H * kLatentDim, kLatentDim, keys, sink.data(), a.softmax_scale);
+        for (int64_t r : rows) keys.insert(keys.end(), p.kv.begin() + r * kLatentDim, p.kv.begin() + (r + 1) * kLatentDim);
+        e.add(p.q.data() + t * H * kLatentDim, kLatentDim, keys, p.sink.data(), a.softmax_scale);
       }
       expect_agrees(o, e, "sparse_prefill");
       for (int h = 0; h < H; ++h) EXPECT_EQ(o.lse[static_cast<size_t>(H * 1 + h)], kInf);  // length 0

@@ -378,15 +378,15 @@ TEST(RecordRoundTrip, PlainFp8Rows) {
 
 // ============================================================================ read_state_f32
 
-// read_state_f32 equals the widened bf16 of read_state bit for bit, on every value code with every
-// scale byte of each format (the UE8M0 bytes below 20 and 255 and the NaN NVFP4 scales included),
-// and on plain rows.
-TEST(ReadStateF32, EqualsTheWidenedReaderOnEveryCodeAndScale) {
-  auto expect_state = [](const CacheView& c, int64_t slot, const char* what, int scale) {
+// read_state_f32 in `form` equals the widened bf16 of read_state bit for bit, on every value code
+// with every scale byte of each format (the UE8M0 bytes below 20 and 255 and the NaN NVFP4 scales
+// included), and on plain rows.
+static void expect_f32_reader_on_every_code_and_scale(dsv41kv::detail::CpuForm form) {
+  auto expect_state = [form](const CacheView& c, int64_t slot, const char* what, int scale) {
     uint16_t bf[512];
     float f[512];
     dsv41kv::detail::read_state(c, slot, bf);
-    dsv41kv::detail::read_state_f32(c, slot, f);
+    dsv41kv::detail::read_state_f32(c, slot, f, form);
     for (int d = 0; d < 512; ++d)
       ASSERT_EQ(num::f2u(f[d]), num::f2u(num::bf16_decode(bf[d]))) << what << " scale byte " << scale << " dim " << d;
   };
@@ -418,4 +418,14 @@ TEST(ReadStateF32, EqualsTheWidenedReaderOnEveryCodeAndScale) {
   std::vector<uint16_t> row(512);
   for (int d = 0; d < 512; ++d) row[static_cast<size_t>(d)] = static_cast<uint16_t>(d * 131 + 7);
   expect_state(CacheView::with_default_strides(row.data(), RecordFormat::PLAIN_BF16, 1, 1), 0, "bf16", 0);
+}
+
+TEST(ReadStateF32, EqualsTheWidenedReaderOnEveryCodeAndScale) {
+  expect_f32_reader_on_every_code_and_scale(dsv41kv::detail::CpuForm::kPortable);
+}
+
+// The AVX-512 form (584 and 528 records 16 values at a time, taken where the CPU has AVX-512).
+TEST(ReadStateF32, Avx512FormEqualsTheWidenedReaderOnEveryCodeAndScale) {
+  if (!dsv41kv::detail::cpu_has_avx512()) GTEST_SKIP() << "this CPU has no AVX-512: only the portable form runs here";
+  expect_f32_reader_on_every_code_and_scale(dsv41kv::detail::CpuForm::kAvx512);
 }
