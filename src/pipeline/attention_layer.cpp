@@ -598,13 +598,11 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
     const auto* gl = meta.gather_lens().ptr<const int64_t>();
     const auto* gs = meta.gather_starts().ptr<const int64_t>();
     const auto* qsl = meta.qsl().ptr<const int32_t>();
-    const auto* t2r = meta.token_to_req().ptr<const int32_t>();
     const auto* valid = meta.token_valid().ptr<const int32_t>();
     const TensorView swa_bt = meta.swa_block_table();
     const TensorView cmp_bt = r > 0 ? meta.block_table(r) : TensorView{};
     const int64_t ws_cols = swa_bt.shape[1], cm_cols = r > 0 ? cmp_bt.shape[1] : 0;
     int64_t R = 0;
-    std::vector<int32_t>& compact = h_t2r;  // request -> compact index, reused below for tokens
     for (int64_t i = 0; i < sp.num_prefills; ++i) {
       const int64_t b = D + i;
       if (qsl[b + 1] == qsl[b]) continue;
@@ -616,9 +614,9 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       if (r > 0) std::copy_n(cmp_bt.ptr<const int32_t>() + b * cmp_bt.stride[0], cm_cols, h_cmp_bt.begin() + R * cm_cols);
       ++R;
     }
+    // the prefill token t's request as a compact index (empty requests own no token)
     for (int64_t c = 0, t = Td; c < R; ++c)
-      for (; t < qsl[h_orig[static_cast<size_t>(c)] + 1]; ++t) compact[static_cast<size_t>(t - Td)] = static_cast<int32_t>(c);
-    (void)t2r;
+      for (; t < qsl[h_orig[static_cast<size_t>(c)] + 1]; ++t) h_t2r[static_cast<size_t>(t - Td)] = static_cast<int32_t>(c);
     const TensorView seqv = TensorView::contiguous(h_seq.data(), DType::I32, {R});
     const TensorView glv = TensorView::contiguous(h_glen.data(), DType::I32, {R});
     const TensorView gsv = TensorView::contiguous(h_gstart.data(), DType::I32, {R});
