@@ -16,8 +16,15 @@
 // holds them and says who wrote what on which step, so that a consumer whose source has not run
 // on this step is an error rather than a read of stale indices.
 //
-// The layer runs on the CPU only (CUDA configurations are an E8): its ops have CUDA backends, but
-// its buffers and the read-path metadata builders are host memory and host code so far.
+// The layer runs on cfg.device: every buffer (caches, ring, outputs, weights, RoPE table, sink,
+// the shared top-k, candidates and workspace) lives there and every op runs on cfg.exec. On CUDA a
+// step's call allocates nothing and never synchronises the host: the decode schedule, the split
+// and the prefill chunk plan are host plans made from the step's host batch (StepMetadata's host
+// copies), the index rows are built on the device, and the prefill's compacted per-request data
+// go up from host staging (pageable copies, staged before the call returns). A decode-only step
+// has no upload at all, so its launches can be captured in a CUDA graph (with
+// ReadPathConfig::capturing_cuda_graph set, SPEC 8.6). The inputs must be on cfg.device. On CUDA
+// the stats that read device data (records, keys, top-k entries, candidates, checksum) stay 0.
 // Every argument is checked before anything is written (E8 naming it, the value and what was
 // expected).
 #pragma once
@@ -135,7 +142,7 @@ class LayerShared {
 // geometry (ServingConfig), and its outputs of max_tokens rows.
 class AttentionLayer {
  public:
-  // E8 for a CUDA configuration, a configuration without the SWA cache or without the layer's
+  // E8 for a configuration without the SWA cache or without the layer's
   // compressed type, weights of other sizes, a table without rows; E8 when `shared` already
   // holds a layer with this index.
   AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& read, const ModelConfig& model, int layer,

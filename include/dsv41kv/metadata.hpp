@@ -3,9 +3,13 @@
 // rule. CPU builders take host views; the CUDA builders (same functions, device views) run on
 // ctx.stream with launch geometry fixed by the padded count N.
 // The read path's metadata (SPEC 6.2, 6.6, 6.7): the decode/prefill split, the SWA window rows
-// and top-k key lists of the decode tokens, the prefill gather lengths, the sparse-MLA metadata
-// of a layer type, and the backend check select_backend. These builders take host views only
-// (views on CUDA are an E8: no CUDA builders yet).
+// and top-k key lists of the decode tokens, the token validity mask, the prefill gather lengths,
+// the sparse-MLA metadata of a layer type, and the backend check select_backend. What a decode
+// step builds per layer (the window rows, the top-k slots, the validity mask, the masked lengths)
+// has CUDA builders too; the split itself is a host decision (the engine's batch is host data
+// and the launches of the attention depend on it), so the device builders take the split the
+// host made and never read qsl's values on the host. The prefill gather lengths and the
+// sparse-MLA metadata stay host builders: the prefill chunk plan reads them on the host.
 //
 // Every builder validates all of its arguments before it writes anything and throws
 // dsv41kv::Error naming the argument, the value found and what was expected: E2 for a
@@ -145,6 +149,12 @@ struct SwaWindowArgs {
   int64_t num_pages = -1;              // >= 0: pages of the SWA cache (page ids checked); -1: unchecked
   TensorView indices;                  // i32 [max_tokens >= num_decode_tokens, 128] output
   TensorView lengths;                  // i32 [max_tokens] output
+  // The split of qsl that the host made from its own copy (split_decode_prefill). Required for
+  // device views (E8 when null): the builder cannot read qsl, it finds each decode token's request
+  // on the device and writes every row of [0, max_tokens); a value the kernel cannot use (a
+  // negative position, a page beyond the row or >= num_pages, a slot beyond int32) gives -1 in
+  // place and an invalid token's row. Host views: when given, it must equal the split of qsl (E8).
+  const DecodeSplit* split = nullptr;
 };
 DecodeSplit build_swa_window(const SwaWindowArgs& args, const ExecContext& ctx = {});
 
@@ -180,8 +190,17 @@ struct DecodeTopkSlotArgs {
   int64_t num_pages = -1;              // as SwaWindowArgs::num_pages
   TensorView indices;                  // i32 [max_tokens >= num_decode_tokens, K] output
   TensorView lengths;                  // i32 [max_tokens] output
+  const DecodeSplit* split = nullptr;  // as SwaWindowArgs::split (an unusable entry gives -1)
 };
 DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& args, const ExecContext& ctx = {});
+
+// SPEC 6.1: token_valid[t] = slot_swa[t] >= 0 ? 1 : 0 for t < N (i64 [N] in, i32 [N] out, one
+// device). E8 for other dtypes, lengths or devices.
+void build_token_valid(const TensorView& slot_swa, const TensorView& token_valid, const ExecContext& ctx = {});
+
+// SPEC 6.1 / 9.3, an invalid token has no key: lengths[t] = 0 where token_valid[t] == 0, for
+// t < lengths.shape[0] <= token_valid.shape[0] (i32 views, one device); other entries untouched.
+void mask_invalid_lengths(const TensorView& token_valid, const TensorView& lengths, const ExecContext& ctx = {});
 
 // The device a backend is selected for: the CPU (optionally emulating the SM100 record profile,
 // SPEC 6.7) or a CUDA device by compute capability.

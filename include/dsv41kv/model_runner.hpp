@@ -4,8 +4,9 @@
 // StepMetadata is built per step, and each AttentionLayer runs in layer order on the activations
 // the engine supplies for it (an ActivationSource: the projections are the engine's).
 //
-// The driver runs on the CPU only (as AttentionLayer): the serving configuration's device must be
-// the CPU. Errors as the pieces' (E8 naming the argument; kCapacity when a pool runs out).
+// The driver runs on the serving configuration's device (as AttentionLayer). The ActivationSource
+// always fills host buffers; on CUDA the driver copies each layer's rows to its device buffers on
+// exec.stream before the layer runs (pageable copies, no synchronisation). Errors as the pieces' (E8 naming the argument; kCapacity when a pool runs out).
 #pragma once
 
 #include <cstdint>

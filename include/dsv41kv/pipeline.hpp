@@ -151,7 +151,8 @@ class StepMetadata {
   TensorView token_valid() const;          // i32 [N]: 1 where slot_swa >= 0 (SPEC 6.1), else 0
   TensorView seq_lens() const;             // i64 [num_reqs]: num_computed + query_len
   int64_t max_seq_len() const;             // the largest seq_len of the step (0 without requests)
-  // Built on the host (the CPU device only, until the read path's kernels exist; E8 on CUDA):
+  // The split is the host's (from the batch); the window rows are built on the configured device
+  // with it (the CUDA builders of metadata.hpp), the gather lengths on the host and copied there.
   DecodeSplit split() const;               // SPEC 6.2 with cfg.num_speculative_tokens
   // The decode query rows' query tokens per request: the decodes' common query_len, 1 when they
   // differ (each decode token is its own query row, SPEC 6.2) or without decodes.
@@ -160,6 +161,14 @@ class StepMetadata {
   TensorView swa_window_lens() const;      // i32 [max_tokens]: their lengths (0 beyond the decodes)
   TensorView gather_lens() const;          // i64 [num_prefills]: G_b of the i-th prefill (SPEC 6.6)
   TensorView gather_starts() const;        // i64 [num_prefills]: gather_start_b
+  // Host copies of the last build's batch data (on either device), for what is planned on the host
+  // (the prefill chunks, SPEC 9.5): the same values as the views above.
+  TensorView host_qsl() const;             // i32 [num_reqs + 1]
+  TensorView host_seq_lens() const;        // i64 [num_reqs]
+  TensorView host_gather_lens() const;     // i64 [num_prefills]
+  TensorView host_gather_starts() const;   // i64 [num_prefills]
+  TensorView host_swa_block_table() const; // i32 [num_reqs, swa.block_table_width]
+  TensorView host_block_table(int ratio) const;  // i32 [num_reqs, block_table_width] (a served type)
   // Counts the builds of this object: a layer's results name the build they belong to, so that a
   // consumer layer can tell that its source ran on this very step.
   uint64_t generation() const;

@@ -28,4 +28,17 @@ void build_compressed_slots(const CompressedSlotArgs& args, const ExecContext& c
 }  // namespace cuda
 #endif
 
+// The read path's decode-step builders (read_path.cpp validates; declared in every build, defined
+// in CUDA builds only, as core/dispatch.hpp expects). `split` is the host's split of qsl; every
+// row of [0, max_tokens) is written from device data alone: the request of decode token t is the
+// largest j < num_decodes with qsl[j] <= t, found on the device; an index the kernel cannot use
+// gives -1 (a row entry) or an invalid token's row (a negative position, a request outside the
+// block table).
+namespace cuda {
+void build_swa_window(const SwaWindowArgs& args, const DecodeSplit& split, const ExecContext& ctx);
+void build_decode_topk_slots(const DecodeTopkSlotArgs& args, const DecodeSplit& split, const ExecContext& ctx);
+void build_token_valid(const TensorView& slot_swa, const TensorView& token_valid, const ExecContext& ctx);
+void mask_invalid_lengths(const TensorView& token_valid, const TensorView& lengths, const ExecContext& ctx);
+}  // namespace cuda
+
 }  // namespace dsv41kv::detail

@@ -1,6 +1,8 @@
 // The read path's metadata builders (SPEC 6.2, 6.6, 6.7): the decode/prefill split, the decode
 // window rows and top-k key lists, the prefill gather lengths and the sparse-MLA metadata of a
-// layer type. Host views only (views on CUDA: E8, no CUDA builders yet).
+// layer type. The decode step's builders (window rows, top-k slots, validity, masked lengths) also
+// take device views (the CUDA builders of backend.hpp) with the split the host made; the others
+// take host views only (views on CUDA: E8).
 //
 // Order inside every builder, as in metadata.cpp: (1) structural checks of every view and scalar,
 // (2) the split (reads qsl) and the value checks, (3) the writes. Nothing is written before (1)
@@ -12,8 +14,10 @@
 #include <span>
 #include <string>
 
+#include "core/dispatch.hpp"
 #include "core/validate.hpp"
 #include "dsv41kv/metadata.hpp"
+#include "metadata/backend.hpp"
 #include "formats/window.hpp"
 #include "metadata/host.hpp"
 #include "metadata/slots.hpp"
@@ -36,12 +40,48 @@ void need_head(const char* op, const ExecContext& ctx, const TensorView& qsl) {
   need_vector(op, qsl, "qsl", DType::I32, "i32 [num_reqs + 1]", 1);
 }
 
-// After the structural checks: every view on qsl's device, that device the host (no CUDA builders
-// yet), then the split, which reads qsl.
+// After the structural checks: every view on qsl's device, that device the host, then the split,
+// which reads qsl.
 DecodeSplit host_split(const char* op, const TensorView& qsl, int64_t num_spec, NamedViews views) {
   for (const auto& [v, name] : views) need_device(op, *v, name, qsl.device, "qsl");
   if (qsl.device != Device::CPU) detail::no_cuda_backend(op);
   return split_decode_prefill(qsl, num_spec, op);
+}
+
+bool same_split(const DecodeSplit& a, const DecodeSplit& b) {
+  return a.num_reqs == b.num_reqs && a.num_decodes == b.num_decodes && a.num_decode_tokens == b.num_decode_tokens &&
+         a.num_prefills == b.num_prefills && a.num_prefill_tokens == b.num_prefill_tokens;
+}
+
+std::string describe_split(const DecodeSplit& s) {
+  return fmt::format("{{num_reqs {}, num_decodes {}, num_decode_tokens {}, num_prefills {}, num_prefill_tokens {}}}",
+                     s.num_reqs, s.num_decodes, s.num_decode_tokens, s.num_prefills, s.num_prefill_tokens);
+}
+
+// The split of a builder that also takes device views: host views compute it (and check `given`
+// against it); device views take `given`, checked for consistency with qsl's shape only.
+DecodeSplit step_split(const char* op, const TensorView& qsl, int64_t num_spec, const DecodeSplit* given,
+                       NamedViews views) {
+  for (const auto& [v, name] : views) need_device(op, *v, name, qsl.device, "qsl");
+  if (qsl.device == Device::CPU) {
+    const DecodeSplit sp = split_decode_prefill(qsl, num_spec, op);
+    if (given != nullptr && !same_split(*given, sp))
+      bad_arg(op, "split", fmt::format("{}, expected the split of qsl {}", describe_split(*given), describe_split(sp)));
+    return sp;
+  }
+  if (num_spec < 0) bad_arg(op, "num_speculative_tokens", fmt::format("{}, expected >= 0", num_spec));
+  if (given == nullptr)
+    bad_arg(op, "split", "null with device views, expected the split the host made of its copy of qsl");
+  const DecodeSplit& s = *given;
+  const int64_t nr = qsl.shape[0] - 1;
+  if (s.num_reqs != nr || s.num_decodes < 0 || s.num_decodes > nr || s.num_prefills != nr - s.num_decodes ||
+      s.num_decode_tokens < 0 || s.num_prefill_tokens < 0 ||
+      s.num_decode_tokens > s.num_decodes * (1 + num_spec) || (s.num_decodes == 0 && s.num_decode_tokens != 0))
+    bad_arg(op, "split",
+            fmt::format("{}, expected a split of {} requests with num_decode_tokens <= num_decodes * {} "
+                        "(1 + num_speculative_tokens)",
+                        describe_split(s), nr, 1 + num_spec));
+  return s;
 }
 
 // A block table with a row for every decode request.
@@ -106,7 +146,7 @@ struct PagedLookup {
                           pg, what(), pg * per_page + u % per_page));
   }
   int32_t slot(int64_t j, int64_t u) const {
-    return static_cast<int32_t>(detail::slot_in_page(table_at(table, j, u / per_page), per_page, u % per_page));
+    return detail::row_entry(table_at(table, j, u / per_page), per_page, u % per_page, num_pages);
   }
 };
 
@@ -154,7 +194,7 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
   if (a.page < 1 || a.page > kI32Max)
     bad_arg(op, "page", fmt::format("{}, expected 0 < tokens per page < 2^31", a.page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
-  const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
+  const DecodeSplit sp = step_split(op, a.qsl, a.num_speculative_tokens, a.split,
                                     {{&a.positions, "positions"},
                                      {&a.slot_swa, "slot_swa"},
                                      {&a.block_table, "block_table"},
@@ -165,6 +205,14 @@ DecodeSplit build_swa_window(const SwaWindowArgs& a, const ExecContext& ctx) {
   need_at_least(op, "positions", npos, T, "num_decode_tokens");
   need_at_least(op, "slot_swa", nslot, T, "num_decode_tokens");
   need_decode_rows(op, a.block_table, sp);
+  if (a.qsl.device != Device::CPU) {
+#if defined(DSV41KV_WITH_CUDA)
+    detail::cuda::build_swa_window(a, sp, ctx);
+#else
+    detail::no_cuda(op);
+#endif
+    return sp;
+  }
   const std::span<const int32_t> q(a.qsl.ptr<const int32_t>(), static_cast<size_t>(a.qsl.shape[0]));
   const auto* pos = a.positions.ptr<const int64_t>();
   const auto* slot = a.slot_swa.ptr<const int64_t>();
@@ -240,7 +288,7 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
   if (a.states_per_page < 1 || a.states_per_page > kI32Max)
     bad_arg(op, "states_per_page", fmt::format("{}, expected 0 < states per page < 2^31", a.states_per_page));
   detail::need_optional_count(op, "num_pages", a.num_pages);
-  const DecodeSplit sp = host_split(op, a.qsl, a.num_speculative_tokens,
+  const DecodeSplit sp = step_split(op, a.qsl, a.num_speculative_tokens, a.split,
                                     {{&a.slot_swa, "slot_swa"},
                                      {&a.topk, "topk"},
                                      {&a.block_table, "block_table"},
@@ -251,6 +299,14 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
   need_at_least(op, "slot_swa", nslot, T, "num_decode_tokens");
   need_at_least(op, "topk", a.topk.shape[0], T, "num_decode_tokens rows");
   need_decode_rows(op, a.block_table, sp);
+  if (a.qsl.device != Device::CPU) {
+#if defined(DSV41KV_WITH_CUDA)
+    detail::cuda::build_decode_topk_slots(a, sp, ctx);
+#else
+    detail::no_cuda(op);
+#endif
+    return sp;
+  }
   const std::span<const int32_t> q(a.qsl.ptr<const int32_t>(), static_cast<size_t>(a.qsl.shape[0]));
   const auto* slot = a.slot_swa.ptr<const int64_t>();
   const auto* topk = a.topk.ptr<const int32_t>();
@@ -280,6 +336,43 @@ DecodeSplit build_decode_topk_slots(const DecodeTopkSlotArgs& a, const ExecConte
   });
   for (int64_t t = T; t < max_tokens; ++t) len[t] = 0;
   return sp;
+}
+
+// ------------------------------------------------------------------------------ validity (6.1, 9.3)
+
+void build_token_valid(const TensorView& slot_swa, const TensorView& token_valid, const ExecContext& ctx) {
+  static constexpr const char* op = "build_token_valid";
+  detail::check_exec_context(ctx, op);
+  const int64_t N = need_vector(op, slot_swa, "slot_swa", DType::I64, "i64 [N]");
+  const int64_t n = need_vector(op, token_valid, "token_valid", DType::I32, "i32 [N] output");
+  if (n != N) bad_arg(op, "token_valid", fmt::format("{} entries, expected N = {} (the length of slot_swa)", n, N));
+  need_device(op, token_valid, "token_valid", slot_swa.device, "slot_swa");
+  detail::dispatch(
+      op, slot_swa.device, N == 0, [] {},
+      [&] {
+        const auto* s = slot_swa.ptr<const int64_t>();
+        auto* v = token_valid.ptr<int32_t>();
+        for (int64_t t = 0; t < N; ++t) v[t] = s[t] >= 0 ? 1 : 0;
+      },
+      [&] { detail::cuda::build_token_valid(slot_swa, token_valid, ctx); });
+}
+
+void mask_invalid_lengths(const TensorView& token_valid, const TensorView& lengths, const ExecContext& ctx) {
+  static constexpr const char* op = "mask_invalid_lengths";
+  detail::check_exec_context(ctx, op);
+  const int64_t N = need_vector(op, token_valid, "token_valid", DType::I32, "i32 [>= T]");
+  const int64_t T = need_vector(op, lengths, "lengths", DType::I32, "i32 [T]");
+  if (T > N) bad_arg(op, "lengths", fmt::format("{} entries, expected at most {} (the length of token_valid)", T, N));
+  need_device(op, lengths, "lengths", token_valid.device, "token_valid");
+  detail::dispatch(
+      op, token_valid.device, T == 0, [] {},
+      [&] {
+        const auto* v = token_valid.ptr<const int32_t>();
+        auto* len = lengths.ptr<int32_t>();
+        for (int64_t t = 0; t < T; ++t)
+          if (v[t] == 0) len[t] = 0;
+      },
+      [&] { detail::cuda::mask_invalid_lengths(token_valid, lengths, ctx); });
 }
 
 // ------------------------------------------------------------------------------ sparse-MLA metadata (6.7)

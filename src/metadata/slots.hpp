@@ -14,4 +14,14 @@ DSV41KV_HD int64_t slot_in_page(int64_t page, int64_t per_page, int64_t off) {
   return page > 0 ? page * per_page + off : -1;
 }
 
+// The i32 entry of an index row (SPEC 6.6) for offset `off` of physical page `page`: the slot, or
+// -1 for the null page, and also -1 where the CPU builders report an error (a page id >= num_pages
+// when num_pages >= 0, a slot beyond int32), so that a device builder, which cannot report, emits
+// -1 there; for valid inputs both backends get the slot itself.
+DSV41KV_HD int32_t row_entry(int64_t page, int64_t per_page, int64_t off, int64_t num_pages) {
+  if (num_pages >= 0 && page >= num_pages) return -1;
+  const int64_t s = slot_in_page(page, per_page, off);
+  return s > 0x7FFFFFFF ? -1 : static_cast<int32_t>(s);
+}
+
 }  // namespace dsv41kv::detail

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -16,6 +17,10 @@
 #include "dsv41kv/metadata.hpp"
 #include "dsv41kv/rng.hpp"
 #include "formats/window.hpp"
+
+#if defined(DSV41KV_WITH_CUDA)
+#include "core/cuda/fill.hpp"
+#endif
 
 namespace dsv41kv::pipeline {
 
@@ -29,7 +34,7 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // A 3-D view [rows >= min_rows, d1, d2] of dtype dt with inner stride 1.
 void need_3d(const char* op, const TensorView& v, const char* arg, DType dt, int64_t d1, int64_t d2,
-             int64_t min_rows, const char* what) {
+             int64_t min_rows, const char* what, Device dev) {
   detail::need_present(op, v, arg, what);
   detail::need_dtype(op, v, arg, dt);
   if (v.ndim != 3 || v.shape[1] != d1 || v.shape[2] != d2 || v.shape[0] < min_rows || v.stride[2] != 1 ||
@@ -39,7 +44,7 @@ void need_3d(const char* op, const TensorView& v, const char* arg, DType dt, int
                                 v.shape[0], v.ndim > 1 ? v.shape[1] : 0, v.ndim > 2 ? v.shape[2] : 0, v.stride[0],
                                 v.ndim > 1 ? v.stride[1] : 0, v.ndim > 2 ? v.stride[2] : 0, what, min_rows));
   detail::need_data(op, v, arg);
-  detail::need_on(op, v, arg, Device::CPU);
+  detail::need_on(op, v, arg, dev);
 }
 
 void need_absent(const char* op, const TensorView& v, const char* arg, const char* why) {
@@ -123,6 +128,7 @@ LayerWeights LayerWeights::from_safetensors(const st::SafetensorsFile& f, const 
 struct LayerShared::Impl {
   int64_t max_tokens = 0;
   std::vector<const AttentionLayer*> layers;
+  Device device = Device::CPU;
   Buffer topk, candidates, workspace;
   int64_t workspace_rows = 0;
   int topk_writer = -1, candidates_writer = -1;
@@ -138,16 +144,17 @@ LayerShared::LayerShared(const ServingConfig& cfg, const ReadPathConfig& read, c
   impl_ = std::make_unique<Impl>();
   Impl& m = *impl_;
   m.max_tokens = cfg.max_tokens;
+  m.device = cfg.device;
   m.layers.assign(static_cast<size_t>(model.num_layers()), nullptr);
   const auto T = static_cast<size_t>(cfg.max_tokens);
-  m.topk = Buffer(Device::CPU, T * kIndexTopk * sizeof(int32_t));
-  m.topk.fill(0xFF);
-  m.candidates = Buffer(Device::CPU, T * kCandidateTopkBlocks * sizeof(int32_t));
-  m.candidates.fill(0xFF);
+  m.topk = Buffer(cfg.device, T * kIndexTopk * sizeof(int32_t));
+  m.topk.fill(0xFF, 0, SIZE_MAX, cfg.exec);
+  m.candidates = Buffer(cfg.device, T * kCandidateTopkBlocks * sizeof(int32_t));
+  m.candidates.fill(0xFF, 0, SIZE_MAX, cfg.exec);
   for (int r = 0; r <= 2; ++r)
     if (r == 0 || model.has_ratio(r))
       m.workspace_rows = std::max(m.workspace_rows, prefill_workspace_rows(r, read.max_model_len, cfg.max_tokens));
-  m.workspace = Buffer(Device::CPU, static_cast<size_t>(m.workspace_rows) * kLatentDim * sizeof(uint16_t));
+  m.workspace = Buffer(cfg.device, static_cast<size_t>(m.workspace_rows) * kLatentDim * sizeof(uint16_t));
 }
 
 LayerShared::~LayerShared() = default;
@@ -174,14 +181,18 @@ struct AttentionLayer::Impl {
   float scale = 0;
   int64_t table_rows = 0, cap = 0, S = 0;  // S: the kv source's states per page
   std::vector<float> sink, sink_pad;
+  Buffer sink_buf;  // sink_pad on the layer's device
   Buffer rope, swa_buf, cmp_buf, idx_buf, ring, latent, norm, wk, knorm;
   CacheView swa, cmp;
   IndexKCacheView idx;
   Buffer q8, w, q_rot, attn, lse, out;
   Buffer dec_idx, dec_len, pf_idx, pf_len;
+  // The prefills with tokens, compacted on the host (the chunk plan reads them there) and copied
+  // to the layer's device for the gather and the index rows.
   std::vector<int32_t> h_seq, h_glen, h_gstart, h_t2r;
   std::vector<int32_t> h_swa_bt, h_cmp_bt;  // the block-table rows of the prefills with tokens
   std::vector<int64_t> h_orig;              // their request indices
+  Buffer d_seq, d_glen, d_gstart, d_t2r, d_swa_bt, d_cmp_bt;
   LayerStepStats stats;
   uint64_t generation = 0;
   // The step being run: run(), run_queries() (the caller wrote the caches) or run_writes() (no
@@ -205,9 +216,6 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
                                int layer, const LayerWeights& weights, const RopeTable& table, LayerShared& shared) {
   validate(cfg);
   validate(read);
-  if (cfg.device != Device::CPU)
-    detail::bad_arg(kCtor, "cfg.device",
-                    fmt::format("{}: the read path has no CUDA backend yet (expected cpu)", device_name(cfg.device)));
   if (!cfg.serves_swa()) detail::bad_arg(kCtor, "cfg.swa", "num_pages 0, expected the SWA cache of every layer");
   if (cfg.num_speculative_tokens + 1 > kMaxDecodeQueriesPerRequest)
     detail::bad_arg(kCtor, "cfg.num_speculative_tokens",
@@ -255,54 +263,56 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   m.sink = weights.attn_sink;
   m.sink_pad.assign(static_cast<size_t>(m.Hp), -kInf);
   std::copy(m.sink.begin(), m.sink.end(), m.sink_pad.begin());
+  const Device d = cfg.device;
+  const ExecContext& ctx = cfg.exec;
   const auto T = static_cast<size_t>(cfg.max_tokens);
-  m.rope = Buffer(Device::CPU, table.data.size() * sizeof(float));
-  m.rope.upload(table.data);
+  m.rope = Buffer(d, table.data.size() * sizeof(float));
+  m.rope.upload(table.data, 0, ctx);
   m.swa = CacheView::with_default_strides(nullptr, read.swa_format, cfg.swa.num_pages, cfg.swa.page_tokens);
   m.swa.fp8_scale = cfg.fp8_scale;
-  m.swa_buf = Buffer(Device::CPU, static_cast<size_t>(m.swa.backing_bytes()));
-  m.swa_buf.fill(0);
+  m.swa_buf = Buffer(d, static_cast<size_t>(m.swa.backing_bytes()));
+  m.swa_buf.fill(0, 0, SIZE_MAX, ctx);
   m.swa.base = m.swa_buf.data();
   if (m.r > 0) m.S = cfg.states_per_page(m.r);
   if (li.is_kv_source) {
     const int64_t pages = cfg.compressed(m.r).num_pages;
     m.cmp = CacheView::with_default_strides(nullptr, read.compressed_format, pages, m.S);
     m.cmp.fp8_scale = cfg.fp8_scale;
-    m.cmp_buf = Buffer(Device::CPU, static_cast<size_t>(m.cmp.backing_bytes()));
-    m.cmp_buf.fill(0);
+    m.cmp_buf = Buffer(d, static_cast<size_t>(m.cmp.backing_bytes()));
+    m.cmp_buf.fill(0, 0, SIZE_MAX, ctx);
     m.cmp.base = m.cmp_buf.data();
     m.idx = IndexKCacheView::with_default_strides(nullptr, read.index_k_format, pages, m.S);
-    m.idx_buf = Buffer(Device::CPU, static_cast<size_t>(m.idx.backing_bytes()));
-    m.idx_buf.fill(0);
+    m.idx_buf = Buffer(d, static_cast<size_t>(m.idx.backing_bytes()));
+    m.idx_buf.fill(0, 0, SIZE_MAX, ctx);
     m.idx.base = m.idx_buf.data();
-    m.latent = Buffer(Device::CPU, T * kLatentDim * sizeof(uint16_t));
-    m.norm = Buffer(Device::CPU, kLatentDim * sizeof(uint16_t));
-    m.norm.upload(weights.compressor_norm);
-    m.wk = Buffer(Device::CPU, weights.wk.size() * sizeof(uint16_t));
-    m.wk.upload(weights.wk);
-    m.knorm = Buffer(Device::CPU, kIndexHeadDim * sizeof(uint16_t));
-    m.knorm.upload(weights.k_norm);
+    m.latent = Buffer(d, T * kLatentDim * sizeof(uint16_t));
+    m.norm = Buffer(d, kLatentDim * sizeof(uint16_t));
+    m.norm.upload(weights.compressor_norm, 0, ctx);
+    m.wk = Buffer(d, weights.wk.size() * sizeof(uint16_t));
+    m.wk.upload(weights.wk, 0, ctx);
+    m.knorm = Buffer(d, kIndexHeadDim * sizeof(uint16_t));
+    m.knorm.upload(weights.k_norm, 0, ctx);
     if (m.r == 2) {
       m.cap = cfg.ring_capacity();
-      m.ring = Buffer(Device::CPU, static_cast<size_t>(cfg.ring_blocks * m.cap * kRingRowFloats) * sizeof(float));
-      m.ring.fill(0);
+      m.ring = Buffer(d, static_cast<size_t>(cfg.ring_blocks * m.cap * kRingRowFloats) * sizeof(float));
+      m.ring.fill(0, 0, SIZE_MAX, ctx);
     }
   }
   if (li.is_index_source) {
-    m.q8 = Buffer(Device::CPU, T * kIndexHeads * kIndexHeadDim);
-    m.w = Buffer(Device::CPU, T * kIndexHeads * sizeof(float));
+    m.q8 = Buffer(d, T * kIndexHeads * kIndexHeadDim);
+    m.w = Buffer(d, T * kIndexHeads * sizeof(float));
   }
   const size_t rowq = static_cast<size_t>(m.Hp) * kLatentDim * sizeof(uint16_t);
-  m.q_rot = Buffer(Device::CPU, T * rowq);
-  m.attn = Buffer(Device::CPU, T * rowq);
-  m.lse = Buffer(Device::CPU, T * static_cast<size_t>(m.Hp) * sizeof(float));
-  m.out = Buffer(Device::CPU, T * static_cast<size_t>(H) * kLatentDim * sizeof(uint16_t));
+  m.q_rot = Buffer(d, T * rowq);
+  m.attn = Buffer(d, T * rowq);
+  m.lse = Buffer(d, T * static_cast<size_t>(m.Hp) * sizeof(float));
+  m.out = Buffer(d, T * static_cast<size_t>(H) * kLatentDim * sizeof(uint16_t));
   if (m.r > 0) {
-    m.dec_idx = Buffer(Device::CPU, T * kIndexTopk * sizeof(int32_t));
-    m.dec_len = Buffer(Device::CPU, T * sizeof(int32_t));
+    m.dec_idx = Buffer(d, T * kIndexTopk * sizeof(int32_t));
+    m.dec_len = Buffer(d, T * sizeof(int32_t));
   }
-  m.pf_idx = Buffer(Device::CPU, T * kPrefillIndexWidth * sizeof(int32_t));
-  m.pf_len = Buffer(Device::CPU, T * sizeof(int32_t));
+  m.pf_idx = Buffer(d, T * kPrefillIndexWidth * sizeof(int32_t));
+  m.pf_len = Buffer(d, T * sizeof(int32_t));
   const auto Rq = static_cast<size_t>(cfg.max_requests);
   m.h_seq.resize(Rq);
   m.h_glen.resize(Rq);
@@ -311,8 +321,16 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   m.h_orig.resize(Rq);
   m.h_swa_bt.resize(Rq * static_cast<size_t>(cfg.swa.block_table_width));
   if (m.r > 0) m.h_cmp_bt.resize(Rq * static_cast<size_t>(cfg.compressed(m.r).block_table_width));
-  m.no_slots = Buffer(Device::CPU, T * sizeof(int64_t));
-  m.no_slots.fill(0xFF);
+  m.d_seq = Buffer(d, Rq * sizeof(int32_t));
+  m.d_glen = Buffer(d, Rq * sizeof(int32_t));
+  m.d_gstart = Buffer(d, Rq * sizeof(int32_t));
+  m.d_t2r = Buffer(d, T * sizeof(int32_t));
+  m.d_swa_bt = Buffer(d, m.h_swa_bt.size() * sizeof(int32_t));
+  m.d_cmp_bt = Buffer(d, m.h_cmp_bt.size() * sizeof(int32_t));
+  m.sink_buf = Buffer(d, m.sink_pad.size() * sizeof(float));
+  m.sink_buf.upload(m.sink_pad, 0, ctx);
+  m.no_slots = Buffer(d, T * sizeof(int64_t));
+  m.no_slots.fill(0xFF, 0, SIZE_MAX, ctx);
   shared.impl().layers[static_cast<size_t>(layer)] = this;
 }
 
@@ -343,23 +361,24 @@ void AttentionLayer::Impl::check(const StepMetadata& meta, const LayerInputs& in
     detail::bad_arg(kRun, "meta", fmt::format("a sequence of {} tokens, expected at most read.max_model_len = {} (the "
                                               "prefill workspace's size, SPEC 9.5)", meta.max_seq_len(), read.max_model_len));
   const int64_t N = meta.num_rows();
-  need_3d(op, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1");
+  const Device dev = cfg.device;
+  need_3d(op, in.q, "in.q", DType::BF16, H, kLatentDim, N, "bf16 [>= N, H, 512], inner stride 1", dev);
   detail::need_rows(op, in.kv, "in.kv", DType::BF16, kLatentDim, N, "bf16 [>= N, 512]");
   detail::need_contiguous(op, in.kv, "in.kv");
-  detail::need_on(op, in.kv, "in.kv", Device::CPU);
+  detail::need_on(op, in.kv, "in.kv", dev);
   if (info.is_kv_source && mode != Mode::kQueries) {
     detail::need_rows(op, in.kv_score, "in.kv_score", DType::F32, int64_t{512} * r, N, "f32 [>= N, 512 r]");
     detail::need_row_stride16(op, in.kv_score, "in.kv_score");
-    detail::need_on(op, in.kv_score, "in.kv_score", Device::CPU);
+    detail::need_on(op, in.kv_score, "in.kv_score", dev);
   } else if (!info.is_kv_source) {
     need_absent(op, in.kv_score, "in.kv_score", "the layer is not a kv source");
   }
   if (info.is_index_source) {
-    need_3d(op, in.index_q, "in.index_q", DType::BF16, kIndexHeads, kIndexHeadDim, N, "bf16 [>= N, 32, 128]");
+    need_3d(op, in.index_q, "in.index_q", DType::BF16, kIndexHeads, kIndexHeadDim, N, "bf16 [>= N, 32, 128]", dev);
     detail::need_contiguous(op, in.index_q, "in.index_q");
     detail::need_rows(op, in.w_raw, "in.w_raw", DType::BF16, kIndexHeads, N, "bf16 [>= N, 32]");
     detail::need_contiguous(op, in.w_raw, "in.w_raw");
-    detail::need_on(op, in.w_raw, "in.w_raw", Device::CPU);
+    detail::need_on(op, in.w_raw, "in.w_raw", dev);
   } else {
     need_absent(op, in.index_q, "in.index_q", "the layer is not an index source");
     need_absent(op, in.w_raw, "in.w_raw", "the layer is not an index source");
@@ -504,8 +523,8 @@ void AttentionLayer::Impl::index(const StepMetadata& meta, const LayerInputs& in
     indexer_shortcut_topk(a, ctx);
   } else {
     IndexQPrepArgs qa;
-    qa.q = TensorView::contiguous(in.index_q.data, DType::BF16, {N, kIndexHeads, kIndexHeadDim});
-    qa.w_raw = TensorView::contiguous(in.w_raw.data, DType::BF16, {N, kIndexHeads});
+    qa.q = TensorView::contiguous(in.index_q.data, DType::BF16, {N, kIndexHeads, kIndexHeadDim}, in.index_q.device);
+    qa.w_raw = TensorView::contiguous(in.w_raw.data, DType::BF16, {N, kIndexHeads}, in.w_raw.device);
     qa.positions = pos;
     qa.rope_table = table;
     qa.q8 = q8.view(DType::U8, {N, kIndexHeads, kIndexHeadDim});
@@ -535,13 +554,16 @@ void AttentionLayer::Impl::index(const StepMetadata& meta, const LayerInputs& in
   sh.topk_gen = meta.generation();
 }
 
-// sparse MLA with sink over the decode rows, then the prefill chunks; the inverse RoPE
+// sparse MLA with sink over the decode rows, then the prefill chunks; the inverse RoPE. On either
+// device the same launches on cfg.exec: the decode schedule and the prefill chunk plan are host
+// plans from the host's copy of the batch; every index row is built on the layer's device.
 void AttentionLayer::Impl::attend(const StepMetadata& meta) {
   const ExecContext& ctx = cfg.exec;
+  const Device dev = cfg.device;
   const int64_t N = meta.num_rows(), A = meta.num_tokens();
   const DecodeSplit sp = meta.split();
   const LayerType type = layer_type_of_ratio(r);
-  const TensorView topk = shared->topk(), sinkv = TensorView::contiguous(sink_pad.data(), DType::F32, {Hp});
+  const TensorView topk = shared->topk(), sinkv = sink_buf.view(DType::F32, {Hp});
   const TensorView qv = q_rot.view(DType::BF16, {cfg.max_tokens, Hp, kLatentDim});
   const TensorView ov = attn.view(DType::BF16, {cfg.max_tokens, Hp, kLatentDim});
   const TensorView lv = lse.view(DType::F32, {cfg.max_tokens, Hp});
@@ -580,6 +602,7 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       ta.num_pages = cfg.compressed(r).num_pages;
       ta.indices = dec_idx.view(DType::I32, {cfg.max_tokens, kIndexTopk});
       ta.lengths = dec_len.view(DType::I32, {cfg.max_tokens});
+      ta.split = &sp;
       build_decode_topk_slots(ta, ctx);
       a.cmp_cache = kc;
       a.cmp_indices = ta.indices;
@@ -594,13 +617,12 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
   if (sp.num_prefill_tokens > 0) {
     // the prefill requests that have tokens (an empty one has no query and no gather), compacted
     const int64_t D = sp.num_decodes;
-    const auto* seq = meta.seq_lens().ptr<const int64_t>();
-    const auto* gl = meta.gather_lens().ptr<const int64_t>();
-    const auto* gs = meta.gather_starts().ptr<const int64_t>();
-    const auto* qsl = meta.qsl().ptr<const int32_t>();
-    const auto* valid = meta.token_valid().ptr<const int32_t>();
-    const TensorView swa_bt = meta.swa_block_table();
-    const TensorView cmp_bt = r > 0 ? meta.block_table(r) : TensorView{};
+    const auto* seq = meta.host_seq_lens().ptr<const int64_t>();
+    const auto* gl = meta.host_gather_lens().ptr<const int64_t>();
+    const auto* gs = meta.host_gather_starts().ptr<const int64_t>();
+    const auto* qsl = meta.host_qsl().ptr<const int32_t>();
+    const TensorView swa_bt = meta.host_swa_block_table();
+    const TensorView cmp_bt = r > 0 ? meta.host_block_table(r) : TensorView{};
     const int64_t ws_cols = swa_bt.shape[1], cm_cols = r > 0 ? cmp_bt.shape[1] : 0;
     int64_t R = 0;
     for (int64_t i = 0; i < sp.num_prefills; ++i) {
@@ -617,18 +639,29 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
     // the prefill token t's request as a compact index (empty requests own no token)
     for (int64_t c = 0, t = Td; c < R; ++c)
       for (; t < qsl[h_orig[static_cast<size_t>(c)] + 1]; ++t) h_t2r[static_cast<size_t>(t - Td)] = static_cast<int32_t>(c);
-    const TensorView seqv = TensorView::contiguous(h_seq.data(), DType::I32, {R});
-    const TensorView glv = TensorView::contiguous(h_glen.data(), DType::I32, {R});
-    const TensorView gsv = TensorView::contiguous(h_gstart.data(), DType::I32, {R});
+    const TensorView seqh = TensorView::contiguous(h_seq.data(), DType::I32, {R});
+    const TensorView glh = TensorView::contiguous(h_glen.data(), DType::I32, {R});
     PrefillChunkArgs pa;
     pa.ratio = r;
     pa.max_model_len = read.max_model_len;
     pa.max_num_batched_tokens = cfg.max_tokens;
-    pa.seq_lens = seqv;
-    pa.gather_lens = glv;
+    pa.seq_lens = seqh;
+    pa.gather_lens = glh;
     const std::vector<PrefillChunk> chunks = plan_prefill_chunks(pa);
     stats.prefill_chunks = static_cast<int64_t>(chunks.size());
+    const auto up = [&](Buffer& d, const std::vector<int32_t>& h, int64_t n) {
+      d.upload(h.data(), static_cast<size_t>(n) * sizeof(int32_t), 0, ctx);
+    };
+    up(d_seq, h_seq, R);
+    up(d_glen, h_glen, R);
+    up(d_gstart, h_gstart, R);
+    up(d_t2r, h_t2r, sp.num_prefill_tokens);
+    up(d_swa_bt, h_swa_bt, R * ws_cols);
+    if (r > 0) up(d_cmp_bt, h_cmp_bt, R * cm_cols);
+    const TensorView seqv = d_seq.view(DType::I32, {R}), glv = d_glen.view(DType::I32, {R});
+    const TensorView gsv = d_gstart.view(DType::I32, {R});
     LayerShared::Impl& sh = shared->impl();
+    const TensorView valid = meta.token_valid();
     for (const PrefillChunk& c : chunks) {
       WorkspaceGatherArgs ga;
       ga.ratio = r;
@@ -637,10 +670,10 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       ga.gather_lens = glv;
       ga.gather_starts = gsv;
       ga.swa_cache = swa;
-      ga.swa_block_table = TensorView::contiguous(h_swa_bt.data(), DType::I32, {R, ws_cols});
+      ga.swa_block_table = d_swa_bt.view(DType::I32, {R, ws_cols});
       if (r > 0) {
         ga.cmp_cache = kc;
-        ga.cmp_block_table = TensorView::contiguous(h_cmp_bt.data(), DType::I32, {R, cm_cols});
+        ga.cmp_block_table = d_cmp_bt.view(DType::I32, {R, cm_cols});
       }
       ga.workspace = sh.workspace.view(DType::BF16, {sh.workspace_rows, kLatentDim});
       gather_prefill_workspace(ga, ctx);
@@ -650,7 +683,7 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       ia.ratio = r;
       ia.chunk = c;
       ia.positions = rows_of(meta.positions(), b0, Tc);
-      ia.token_to_req = TensorView::contiguous(h_t2r.data() + (b0 - Td), DType::I32, {Tc});
+      ia.token_to_req = d_t2r.view(DType::I32, {Tc}, b0 - Td);
       ia.gather_lens = glv;
       ia.gather_starts = gsv;
       if (r > 0) ia.topk = rows_of(topk, b0, Tc);
@@ -658,9 +691,7 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       ia.lengths = pf_len.view(DType::I32, {Tc});
       build_prefill_indices(ia, ctx);
       // SPEC 6.1 / 9.3: an invalid token (slot_swa -1: a null SWA page) has no key.
-      auto* len = pf_len.as<int32_t>();
-      for (int64_t t = 0; t < Tc; ++t)
-        if (!valid[b0 + t]) len[t] = 0;
+      mask_invalid_lengths(rows_of(valid, b0, Tc), ia.lengths, ctx);
       SparsePrefillArgs a;
       a.q = rows_of(qv, b0, Tc);
       a.kv = sh.workspace.view(DType::BF16, {c.num_reqs() * c.m_ch, kLatentDim});
@@ -675,9 +706,17 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
   }
   // padding rows (SPEC 9.3): no key, output 0, lse +inf
   if (N > A) {
-    std::memset(ov.ptr<uint16_t>() + A * Hp * kLatentDim, 0,
-                static_cast<size_t>((N - A) * Hp * kLatentDim) * sizeof(uint16_t));
-    std::fill(lv.ptr<float>() + A * Hp, lv.ptr<float>() + N * Hp, kInf);
+    const size_t row = static_cast<size_t>(Hp) * kLatentDim * sizeof(uint16_t);
+    attn.fill(0, static_cast<size_t>(A) * row, static_cast<size_t>(N - A) * row, ctx);
+    float* l0 = lv.ptr<float>() + A * Hp;
+    const auto n = static_cast<size_t>((N - A) * Hp);
+    if (dev == Device::CPU) {
+      std::fill(l0, l0 + n, kInf);
+    } else {
+#if defined(DSV41KV_WITH_CUDA)
+      detail::fill_words(l0, std::bit_cast<uint32_t>(kInf), n, ctx.stream);
+#endif
+    }
   }
   OutputRopeArgs oa;
   oa.o = rows_of(ov, 0, N);
@@ -689,6 +728,9 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
 }
 
 void AttentionLayer::Impl::count(const StepMetadata& meta) {
+  // The counts and the checksum read the step's device data: on CUDA that would synchronise the
+  // layer's call, so they are left 0 there (the rows, chunks and shortcut above are host facts).
+  if (cfg.device != Device::CPU) return;
   const int64_t A = meta.num_tokens(), N = meta.num_rows();
   const auto* slot = meta.swa_slots().ptr<const int64_t>();
   const auto* pos = meta.positions().ptr<const int64_t>();

@@ -25,7 +25,8 @@ struct StepMetadata::Impl {
   std::vector<int32_t> h_swa_bt;
   std::vector<int64_t> h_seq;
   Buffer swa_bt, swa_slots, valid, seq;
-  Buffer window, window_lens, gather_lens, gather_starts;  // host builders (CPU)
+  Buffer window, window_lens, gather_lens, gather_starts;
+  std::vector<int64_t> h_glen, h_gstart;  // the gather lengths as built on the host
   DecodeSplit split;
   int s_q = 1;
   int64_t max_seq = 0;
@@ -133,13 +134,13 @@ void StepMetadata::Impl::build_read_path(const StepBatch& b) {
   ts.slots = slots;
   ts.num_pages = cfg.swa.num_pages;
   build_token_slots(ts, ctx);
-  if (cfg.device != Device::CPU) return;  // the host builders below have no CUDA backend yet
-  const auto* sl = slots.ptr<const int64_t>();
-  auto* v = valid.as<int32_t>();
-  for (int64_t t = 0; t < N; ++t) v[t] = sl[t] >= 0 ? 1 : 0;
-  const TensorView q = qsl.view(DType::I32, {R + 1});
+  build_token_valid(slots, valid.view(DType::I32, {N}), ctx);
+  // The split is the host's decision (SPEC 6.2), made from the batch's own qsl; the device
+  // builders take it and never read qsl back.
+  const TensorView hq = TensorView::contiguous(h_qsl.data(), DType::I32, {R + 1});
+  split = split_decode_prefill(hq, cfg.num_speculative_tokens, kOp);
   SwaWindowArgs wa;
-  wa.qsl = q;
+  wa.qsl = qsl.view(DType::I32, {R + 1});
   wa.num_speculative_tokens = cfg.num_speculative_tokens;
   wa.positions = p;
   wa.slot_swa = slots;
@@ -148,14 +149,20 @@ void StepMetadata::Impl::build_read_path(const StepBatch& b) {
   wa.num_pages = cfg.swa.num_pages;
   wa.indices = window.view(DType::I32, {cfg.max_tokens, kSwaWindow});
   wa.lengths = window_lens.view(DType::I32, {cfg.max_tokens});
-  split = build_swa_window(wa, ctx);
+  wa.split = &split;
+  build_swa_window(wa, ctx);
+  // The gather lengths feed the prefill chunk plan, which runs on the host: built from the host
+  // staging, then copied to the device.
+  const int64_t P = std::max<int64_t>(split.num_prefills, 0);
   PrefillGatherArgs ga;
-  ga.qsl = q;
+  ga.qsl = hq;
   ga.num_speculative_tokens = cfg.num_speculative_tokens;
-  ga.seq_lens = seq.view(DType::I64, {R});
-  ga.gather_lens = gather_lens.view(DType::I64, {std::max<int64_t>(split.num_prefills, 0)});
-  ga.gather_starts = gather_starts.view(DType::I64, {std::max<int64_t>(split.num_prefills, 0)});
+  ga.seq_lens = TensorView::contiguous(h_seq.data(), DType::I64, {R});
+  ga.gather_lens = TensorView::contiguous(h_glen.data(), DType::I64, {P});
+  ga.gather_starts = TensorView::contiguous(h_gstart.data(), DType::I64, {P});
   build_prefill_gather(ga, ctx);
+  gather_lens.upload(h_glen.data(), static_cast<size_t>(P) * sizeof(int64_t), 0, ctx);
+  gather_starts.upload(h_gstart.data(), static_cast<size_t>(P) * sizeof(int64_t), 0, ctx);
   s_q = 1;
   for (int64_t j = 0; j < split.num_decodes; ++j) {
     const int64_t n = b.requests[static_cast<size_t>(j)].query_len;
@@ -195,12 +202,12 @@ StepMetadata::StepMetadata(const ServingConfig& cfg) {
     m.swa_slots = Buffer(d, T * sizeof(int64_t));
     m.valid = Buffer(d, T * sizeof(int32_t));
     m.seq = Buffer(d, Rq * sizeof(int64_t));
-    if (d == Device::CPU) {
-      m.window = Buffer(d, T * kSwaWindow * sizeof(int32_t));
-      m.window_lens = Buffer(d, T * sizeof(int32_t));
-      m.gather_lens = Buffer(d, Rq * sizeof(int64_t));
-      m.gather_starts = Buffer(d, Rq * sizeof(int64_t));
-    }
+    m.window = Buffer(d, T * kSwaWindow * sizeof(int32_t));
+    m.window_lens = Buffer(d, T * sizeof(int32_t));
+    m.gather_lens = Buffer(d, Rq * sizeof(int64_t));
+    m.gather_starts = Buffer(d, Rq * sizeof(int64_t));
+    m.h_glen.resize(Rq);
+    m.h_gstart.resize(Rq);
   }
 }
 
@@ -315,51 +322,72 @@ TensorView StepMetadata::ring_block_table() const {
 namespace dsv41kv::pipeline {
 
 namespace {
-const StepMetadata::Impl& read_path(const std::unique_ptr<StepMetadata::Impl>& m, const char* op, bool host) {
+const StepMetadata::Impl& read_path(const std::unique_ptr<StepMetadata::Impl>& m, const char* op) {
   if (!m->cfg.serves_swa())
     detail::bad_arg(op, "cfg.swa", "num_pages 0: no SWA cache, expected a configuration with the read path's SWA cache");
-  if (host && m->cfg.device != Device::CPU)
-    detail::bad_arg(op, "cfg.device",
-                    fmt::format("{}: the read path's host metadata has no CUDA backend yet (expected cpu)",
-                                device_name(m->cfg.device)));
   return *m;
 }
 }  // namespace
 
 TensorView StepMetadata::swa_block_table() const {
-  const Impl& m = read_path(impl_, "StepMetadata::swa_block_table", false);
+  const Impl& m = read_path(impl_, "StepMetadata::swa_block_table");
   return m.swa_bt.view(DType::I32, {m.R, m.cfg.swa.block_table_width});
 }
 TensorView StepMetadata::swa_slots() const {
-  const Impl& m = read_path(impl_, "StepMetadata::swa_slots", false);
+  const Impl& m = read_path(impl_, "StepMetadata::swa_slots");
   return m.swa_slots.view(DType::I64, {m.N});
 }
 TensorView StepMetadata::token_valid() const {
-  const Impl& m = read_path(impl_, "StepMetadata::token_valid", true);
+  const Impl& m = read_path(impl_, "StepMetadata::token_valid");
   return m.valid.view(DType::I32, {m.N});
 }
 TensorView StepMetadata::seq_lens() const {
-  const Impl& m = read_path(impl_, "StepMetadata::seq_lens", false);
+  const Impl& m = read_path(impl_, "StepMetadata::seq_lens");
   return m.seq.view(DType::I64, {m.R});
 }
-int64_t StepMetadata::max_seq_len() const { return read_path(impl_, "StepMetadata::max_seq_len", false).max_seq; }
-DecodeSplit StepMetadata::split() const { return read_path(impl_, "StepMetadata::split", true).split; }
-int StepMetadata::decode_s_q() const { return read_path(impl_, "StepMetadata::decode_s_q", true).s_q; }
+int64_t StepMetadata::max_seq_len() const { return read_path(impl_, "StepMetadata::max_seq_len").max_seq; }
+DecodeSplit StepMetadata::split() const { return read_path(impl_, "StepMetadata::split").split; }
+int StepMetadata::decode_s_q() const { return read_path(impl_, "StepMetadata::decode_s_q").s_q; }
 TensorView StepMetadata::swa_window() const {
-  const Impl& m = read_path(impl_, "StepMetadata::swa_window", true);
+  const Impl& m = read_path(impl_, "StepMetadata::swa_window");
   return m.window.view(DType::I32, {m.cfg.max_tokens, kSwaWindow});
 }
 TensorView StepMetadata::swa_window_lens() const {
-  const Impl& m = read_path(impl_, "StepMetadata::swa_window_lens", true);
+  const Impl& m = read_path(impl_, "StepMetadata::swa_window_lens");
   return m.window_lens.view(DType::I32, {m.cfg.max_tokens});
 }
 TensorView StepMetadata::gather_lens() const {
-  const Impl& m = read_path(impl_, "StepMetadata::gather_lens", true);
+  const Impl& m = read_path(impl_, "StepMetadata::gather_lens");
   return m.gather_lens.view(DType::I64, {m.split.num_prefills});
 }
 TensorView StepMetadata::gather_starts() const {
-  const Impl& m = read_path(impl_, "StepMetadata::gather_starts", true);
+  const Impl& m = read_path(impl_, "StepMetadata::gather_starts");
   return m.gather_starts.view(DType::I64, {m.split.num_prefills});
+}
+TensorView StepMetadata::host_qsl() const {
+  return TensorView::contiguous(const_cast<int32_t*>(impl_->h_qsl.data()), DType::I32, {impl_->R + 1});
+}
+TensorView StepMetadata::host_seq_lens() const {
+  const Impl& m = read_path(impl_, "StepMetadata::host_seq_lens");
+  return TensorView::contiguous(const_cast<int64_t*>(m.h_seq.data()), DType::I64, {m.R});
+}
+TensorView StepMetadata::host_gather_lens() const {
+  const Impl& m = read_path(impl_, "StepMetadata::host_gather_lens");
+  return TensorView::contiguous(const_cast<int64_t*>(m.h_glen.data()), DType::I64, {m.split.num_prefills});
+}
+TensorView StepMetadata::host_gather_starts() const {
+  const Impl& m = read_path(impl_, "StepMetadata::host_gather_starts");
+  return TensorView::contiguous(const_cast<int64_t*>(m.h_gstart.data()), DType::I64, {m.split.num_prefills});
+}
+TensorView StepMetadata::host_swa_block_table() const {
+  const Impl& m = read_path(impl_, "StepMetadata::host_swa_block_table");
+  return TensorView::contiguous(const_cast<int32_t*>(m.h_swa_bt.data()), DType::I32, {m.R, m.cfg.swa.block_table_width});
+}
+TensorView StepMetadata::host_block_table(int ratio) const {
+  if (!impl_->cfg.serves(ratio))
+    detail::bad_arg("StepMetadata::host_block_table", "ratio", fmt::format("{}: the c{}a type is not served", ratio, ratio));
+  return TensorView::contiguous(const_cast<int32_t*>(impl_->h_bt[ratio - 1].data()), DType::I32,
+                                {impl_->R, impl_->width(ratio)});
 }
 uint64_t StepMetadata::generation() const { return impl_->generation; }
 

@@ -39,19 +39,38 @@ struct ModelRunner::Impl {
   std::map<int64_t, bool> null_blocks;
   std::vector<TokenId> tokens;
   StepBatch batch;
+  // What the ActivationSource fills (host) and, on CUDA, the layers' device copies.
   Buffer q, kv, kv_score, index_q, w_raw;
+  Buffer dq, dkv, dkv_score, dindex_q, dw_raw;
 
   Impl(const ModelConfig& m, const ServingConfig& s, const ReadPathConfig& r)
       : model(m), serving(s), read(r), alloc(allocator_config(s)), meta(s), shared(s, r, m) {}
+
+  // The filled host rows of `in` copied into the device buffers: the same views there.
+  LayerInputs upload(const LayerInputs& in) {
+    LayerInputs d;
+    const auto one = [&](const TensorView& h, const Buffer& hb, Buffer& db) {
+      if (!h.present()) return TensorView{};
+      const size_t bytes = static_cast<size_t>(h.numel()) * dtype_size(h.dtype);
+      db.upload(hb.data(), bytes, 0, serving.exec);
+      TensorView v = h;
+      v.data = db.data();
+      v.device = db.device();
+      return v;
+    };
+    d.q = one(in.q, q, dq);
+    d.kv = one(in.kv, kv, dkv);
+    d.kv_score = one(in.kv_score, kv_score, dkv_score);
+    d.index_q = one(in.index_q, index_q, dindex_q);
+    d.w_raw = one(in.w_raw, w_raw, dw_raw);
+    return d;
+  }
 };
 
 ModelRunner::ModelRunner(const ModelConfig& model, const ServingConfig& serving, const ReadPathConfig& read,
                          const std::function<LayerWeights(const LayerInfo&)>& weights, int64_t rope_rows) {
   validate(serving);
   validate(read);
-  if (serving.device != Device::CPU)
-    detail::bad_arg(kOp, "serving.device",
-                    fmt::format("{}: the read path has no CUDA backend yet (expected cpu)", device_name(serving.device)));
   if (rope_rows < 1) detail::bad_arg(kOp, "rope_rows", fmt::format("{}, expected >= 1", rope_rows));
   impl_ = std::make_unique<Impl>(model, serving, read);
   Impl& m = *impl_;
@@ -66,12 +85,15 @@ ModelRunner::ModelRunner(const ModelConfig& model, const ServingConfig& serving,
   }
   const auto T = static_cast<size_t>(serving.max_tokens);
   const auto H = static_cast<size_t>(read.num_heads);
-  m.q = Buffer(Device::CPU, T * H * kLatentDim * sizeof(uint16_t));
-  m.kv = Buffer(Device::CPU, T * kLatentDim * sizeof(uint16_t));
-  if (model.has_ratio(1) || model.has_ratio(2))
-    m.kv_score = Buffer(Device::CPU, T * (model.has_ratio(2) ? 1024 : 512) * sizeof(float));
-  m.index_q = Buffer(Device::CPU, T * kIndexHeads * kIndexHeadDim * sizeof(uint16_t));
-  m.w_raw = Buffer(Device::CPU, T * kIndexHeads * sizeof(uint16_t));
+  const size_t bytes[5] = {T * H * kLatentDim * sizeof(uint16_t), T * kLatentDim * sizeof(uint16_t),
+                           model.any_compressed() ? T * (model.has_ratio(2) ? 1024 : 512) * sizeof(float) : 0,
+                           T * kIndexHeads * kIndexHeadDim * sizeof(uint16_t), T * kIndexHeads * sizeof(uint16_t)};
+  Buffer* host[5] = {&m.q, &m.kv, &m.kv_score, &m.index_q, &m.w_raw};
+  Buffer* dev[5] = {&m.dq, &m.dkv, &m.dkv_score, &m.dindex_q, &m.dw_raw};
+  for (int i = 0; i < 5; ++i) {
+    *host[i] = Buffer(Device::CPU, bytes[i]);
+    if (serving.device != Device::CPU) *dev[i] = Buffer(serving.device, bytes[i]);
+  }
 }
 
 ModelRunner::~ModelRunner() = default;
@@ -145,6 +167,7 @@ void ModelRunner::step(const EngineStep& step, ActivationSource& source,
       in.w_raw = m.w_raw.view(DType::BF16, {N, kIndexHeads});
     }
     source.fill(li, m.tokens, N, in);
+    if (m.serving.device != Device::CPU) in = m.upload(in);
     layer->run(m.meta, in);
     if (after_layer) after_layer(*layer);
   }

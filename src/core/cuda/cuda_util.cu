@@ -47,3 +47,23 @@ bool device_supports_pdl() {
 }
 
 }  // namespace dsv41kv::detail
+
+namespace dsv41kv::detail {
+namespace {
+__global__ void fill_words_kernel(uint32_t* __restrict__ dst, uint32_t word, size_t count) {
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = word;
+}
+}  // namespace
+
+void fill_words(void* dst, uint32_t word, size_t count, void* stream) {
+  if (count == 0) return;
+  constexpr unsigned kThreads = 256;
+  const size_t blocks = (count + kThreads - 1) / kThreads;
+  fill_words_kernel<<<static_cast<unsigned>(blocks < 4096 ? blocks : 4096), kThreads, 0, as_stream(stream)>>>(
+      static_cast<uint32_t*>(dst), word, count);
+  DSV41KV_CUDA_CHECK_LAUNCH("fill_words_kernel");
+}
+
+}  // namespace dsv41kv::detail
