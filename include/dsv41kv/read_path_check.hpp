@@ -41,8 +41,14 @@ struct LayerCheck {
 // The dense binary64 check of `layer`'s last step for the runner's real rows `rows` (row indices
 // of the step; every real row when empty). Call it right after the layer ran (the runner's
 // after_layer hook): the shared top-k buffer must still hold what the layer read.
+// A runner on CUDA is read back first (ctx.stream; it waits for the step's work).
 LayerCheck check_layer_dense(const pipeline::ModelRunner& runner, const pipeline::AttentionLayer& layer,
                              std::span<const int64_t> rows = {}, const ExecContext& ctx = {});
+// The same over a step's metadata and the layers' shared buffers (a stack of layers run without a
+// ModelRunner).
+LayerCheck check_layer_dense(const pipeline::StepMetadata& meta, const pipeline::LayerShared& shared,
+                             const pipeline::AttentionLayer& layer, std::span<const int64_t> rows = {},
+                             const ExecContext& ctx = {});
 
 // The 9.7 rule of `rows` output rows (bf16 [rows, H, 512] each, contiguous) of one run against
 // another's: the element bound, the cosine of every (token, head) row, zero rows exactly zero.

@@ -10,6 +10,7 @@
 #include "core/parallel.hpp"
 #include "dsv41kv/reference.hpp"
 #include "dsv41kv/rng.hpp"
+#include "dsv41kv/buffer.hpp"
 #include "formats/insert.hpp"
 
 namespace dsv41kv::oracles {
@@ -47,6 +48,36 @@ void fill_rows(const TensorView& v, std::span<const pipeline::TokenId> tokens, i
     std::memset(base + t * stride, 0, static_cast<size_t>(row_elems) * sizeof(T));
 }
 
+// The bytes of a view on the host: the view's own on the CPU, a copy (download_view, which waits)
+// of a device view.
+struct HostBytes {
+  std::vector<uint8_t> copy;
+  const void* data = nullptr;
+  HostBytes(const TensorView& v, const ExecContext& ctx) {
+    data = v.data;
+    if (v.device == Device::CPU || !v.present()) return;
+    copy.resize(static_cast<size_t>(v.numel()) * dtype_size(v.dtype));
+    download_view(v, copy.data(), ctx);
+    data = copy.data();
+  }
+  template <class T>
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
+};
+
+// A cache view whose backing is on the host (a copy of a device cache's whole backing).
+CacheView host_cache(const CacheView& c, std::vector<uint8_t>& store, const ExecContext& ctx) {
+  if (c.device == Device::CPU || c.base == nullptr) return c;
+  store.resize(c.backing_bytes());
+  download_view(TensorView::contiguous(c.base, DType::U8, {static_cast<int64_t>(store.size())}, c.device), store.data(),
+                ctx);
+  CacheView h = c;
+  h.base = store.data();
+  h.device = Device::CPU;
+  return h;
+}
+
 }  // namespace
 
 void SeededActivations::fill(const LayerInfo& layer, std::span<const pipeline::TokenId> tokens, int64_t num_rows,
@@ -63,7 +94,12 @@ void SeededActivations::fill(const LayerInfo& layer, std::span<const pipeline::T
 
 LayerCheck check_layer_dense(const pipeline::ModelRunner& runner, const pipeline::AttentionLayer& layer,
                              std::span<const int64_t> rows, const ExecContext& ctx) {
-  const pipeline::StepMetadata& meta = runner.metadata();
+  return check_layer_dense(runner.metadata(), runner.shared(), layer, rows, ctx);
+}
+
+LayerCheck check_layer_dense(const pipeline::StepMetadata& meta, const pipeline::LayerShared& shared,
+                             const pipeline::AttentionLayer& layer, std::span<const int64_t> rows,
+                             const ExecContext& ctx) {
   const LayerInfo& li = layer.info();
   const int Hp = static_cast<int>(layer.attention_out().shape[1]);
   const int64_t A = meta.num_tokens();
@@ -72,18 +108,22 @@ LayerCheck check_layer_dense(const pipeline::ModelRunner& runner, const pipeline
     for (int64_t t = 0; t < A; ++t) all.push_back(t);
     rows = all;
   }
-  const auto* pos = meta.positions().ptr<const int64_t>();
-  const auto* t2r = meta.token_to_req().ptr<const int32_t>();
-  const auto* slot_swa = meta.swa_slots().ptr<const int64_t>();
-  const TensorView swa_bt = meta.swa_block_table();
+  // device runs are read back first (the check is a host computation)
+  const HostBytes h_pos(meta.positions(), ctx), h_t2r(meta.token_to_req(), ctx), h_slot(meta.swa_slots(), ctx);
+  const auto* pos = h_pos.as<int64_t>();
+  const auto* t2r = h_t2r.as<int32_t>();
+  const auto* slot_swa = h_slot.as<int64_t>();
+  const TensorView swa_bt = meta.host_swa_block_table();
   const int64_t P = meta.config().swa.page_tokens;
-  const CacheView& swa = layer.swa_cache();
+  std::vector<uint8_t> swa_store, cmp_store;
+  const CacheView swa = host_cache(layer.swa_cache(), swa_store, ctx);
   const int r = li.ratio;
-  const pipeline::AttentionLayer* src = r > 0 ? runner.shared().layer(li.kv_src) : nullptr;
-  const CacheView cmp = src ? src->compressed_cache() : CacheView{};
-  const TensorView cbt = r > 0 ? meta.block_table(r) : TensorView{};
+  const pipeline::AttentionLayer* src = r > 0 ? shared.layer(li.kv_src) : nullptr;
+  const CacheView cmp = src ? host_cache(src->compressed_cache(), cmp_store, ctx) : CacheView{};
+  const TensorView cbt = r > 0 ? meta.host_block_table(r) : TensorView{};
   const int64_t S = r > 0 ? meta.config().states_per_page(r) : 0;
-  const auto* topk = runner.shared().topk().ptr<const int32_t>();
+  const HostBytes h_topk(shared.topk(), ctx);
+  const auto* topk = h_topk.as<int32_t>();
   std::vector<float> sink(static_cast<size_t>(Hp), -std::numeric_limits<float>::infinity());
   std::copy(layer.sink().begin(), layer.sink().end(), sink.begin());
   const double scale = kSoftmaxScale;
@@ -91,10 +131,14 @@ LayerCheck check_layer_dense(const pipeline::ModelRunner& runner, const pipeline
   std::vector<double> ref_out(n * static_cast<size_t>(Hp) * head), ref_lse(n * static_cast<size_t>(Hp));
   std::vector<uint16_t> out(n * static_cast<size_t>(Hp) * head);
   std::vector<float> lse(n * static_cast<size_t>(Hp));
-  const auto* q = layer.q_rotated().ptr<const uint16_t>();
-  const auto* o = layer.attention_out().ptr<const uint16_t>();
-  const auto* l = layer.lse().ptr<const float>();
-  detail::parallel_for(static_cast<int64_t>(n), ctx, 1, [&](int64_t i0, int64_t i1) {
+  const HostBytes h_q(layer.q_rotated(), ctx), h_o(layer.attention_out(), ctx), h_l(layer.lse(), ctx);
+  const auto* q = h_q.as<uint16_t>();
+  const auto* o = h_o.as<uint16_t>();
+  const auto* l = h_l.as<float>();
+  // the host reference runs on the CPU's threads (no stream)
+  ExecContext host_ctx = ctx;
+  host_ctx.stream = nullptr;
+  detail::parallel_for(static_cast<int64_t>(n), host_ctx, 1, [&](int64_t i0, int64_t i1) {
     std::vector<uint16_t> keys;
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t t = rows[static_cast<size_t>(i)], p = pos[t], b = t2r[t];

@@ -268,7 +268,7 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   const auto T = static_cast<size_t>(cfg.max_tokens);
   m.rope = Buffer(d, table.data.size() * sizeof(float));
   m.rope.upload(table.data, 0, ctx);
-  m.swa = CacheView::with_default_strides(nullptr, read.swa_format, cfg.swa.num_pages, cfg.swa.page_tokens);
+  m.swa = CacheView::with_default_strides(nullptr, read.swa_format, cfg.swa.num_pages, cfg.swa.page_tokens, d);
   m.swa.fp8_scale = cfg.fp8_scale;
   m.swa_buf = Buffer(d, static_cast<size_t>(m.swa.backing_bytes()));
   m.swa_buf.fill(0, 0, SIZE_MAX, ctx);
@@ -276,12 +276,12 @@ AttentionLayer::AttentionLayer(const ServingConfig& cfg, const ReadPathConfig& r
   if (m.r > 0) m.S = cfg.states_per_page(m.r);
   if (li.is_kv_source) {
     const int64_t pages = cfg.compressed(m.r).num_pages;
-    m.cmp = CacheView::with_default_strides(nullptr, read.compressed_format, pages, m.S);
+    m.cmp = CacheView::with_default_strides(nullptr, read.compressed_format, pages, m.S, d);
     m.cmp.fp8_scale = cfg.fp8_scale;
     m.cmp_buf = Buffer(d, static_cast<size_t>(m.cmp.backing_bytes()));
     m.cmp_buf.fill(0, 0, SIZE_MAX, ctx);
     m.cmp.base = m.cmp_buf.data();
-    m.idx = IndexKCacheView::with_default_strides(nullptr, read.index_k_format, pages, m.S);
+    m.idx = IndexKCacheView::with_default_strides(nullptr, read.index_k_format, pages, m.S, d);
     m.idx_buf = Buffer(d, static_cast<size_t>(m.idx.backing_bytes()));
     m.idx_buf.fill(0, 0, SIZE_MAX, ctx);
     m.idx.base = m.idx_buf.data();

@@ -549,12 +549,21 @@ TEST(ReadPathValidation, SwaWindow) {
        [](Fixed&, A& a) { a.lengths.device = Device::CUDA; },
        E8,
        {"lengths: on cuda, expected cpu like qsl"}},
+      {"host split differs",
+       [](Fixed&, A& a) {
+         static DecodeSplit wrong;
+         wrong = split_decode_prefill(a.qsl, a.num_speculative_tokens);
+         wrong.num_decodes += 1;
+         a.split = &wrong;
+       },
+       E8,
+       {"build_swa_window: split: {num_reqs", "expected the split of qsl {num_reqs"}},
       {"on cuda",
        [](Fixed&, A& a) {
          all_on_cuda({&a.qsl, &a.positions, &a.slot_swa, &a.block_table, &a.indices, &a.lengths});
        },
        E8,
-       {"build_swa_window: the views are on cuda, but build_swa_window has no CUDA backend yet"}},
+       {"build_swa_window: split: null with device views, expected the split the host made of its copy of qsl"}},
   };
   run_bad<A>(
       cases, [](Fixed& f) { return f.window(); }, [](const A& a, const ExecContext& c) { build_swa_window(a, c); });
@@ -620,7 +629,7 @@ TEST(ReadPathValidation, DecodeTopkSlots) {
          all_on_cuda({&a.qsl, &a.slot_swa, &a.topk, &a.block_table, &a.indices, &a.lengths});
        },
        E8,
-       {"build_decode_topk_slots: the views are on cuda, but build_decode_topk_slots has no CUDA backend yet"}},
+       {"build_decode_topk_slots: split: null with device views"}},
   };
   run_bad<A>(
       cases, [](Fixed& f) { return f.topk_args(); },
