@@ -24,7 +24,8 @@
 // go up from host staging (pageable copies, staged before the call returns). A decode-only step
 // has no upload at all, so its launches can be captured in a CUDA graph (with
 // ReadPathConfig::capturing_cuda_graph set, SPEC 8.6). The inputs must be on cfg.device. On CUDA
-// the stats that read device data (records, keys, top-k entries, candidates, checksum) stay 0.
+// the stats that read device data (records, keys, top-k entries, candidates, checksum) stay 0
+// unless ReadPathConfig::device_stats asks for them.
 // Every argument is checked before anything is written (E8 naming it, the value and what was
 // expected).
 #pragma once
@@ -59,6 +60,10 @@ struct ReadPathConfig {
   // Whether the step runs under CUDA-graph capture: the indexer's shortcut is then never taken
   // (SPEC 8.6). On the CPU it only selects the scored path for tests.
   bool capturing_cuda_graph = false;
+  // CUDA: fill LayerStepStats' counts and checksum, which read the step's results back (each
+  // layer's run() then synchronises; for tools and tests, not for serving or graph capture). The
+  // CPU always fills them.
+  bool device_stats = false;
   int heads_padded() const { return padded_heads > 0 ? padded_heads : num_heads; }
 };
 // E8 naming the field.

@@ -55,6 +55,10 @@ struct ModelDemoConfig {
   // Non-empty: every layer's weights from this safetensors file (LayerWeights::from_safetensors
   // names), else LayerWeights::from_seed(layer, num_heads, seed).
   std::string weights_path;
+  // Where the layers run: the CPU, or CUDA on `stream` (the layers' stats then read their results
+  // back after each layer, ReadPathConfig::device_stats).
+  Device device = Device::CPU;
+  void* stream = nullptr;
 };
 
 // The serving and read-path configurations the demo runs with: pools sized by the workload (every
@@ -98,6 +102,10 @@ struct VerifyReport {
   std::vector<VerifyLine> lines;
   int64_t failed() const;
 };
+// On CUDA every check runs on the GPU's results (read back), and (3) the workload runs on the GPU
+// and the CPU in lockstep: after every step every layer's outputs within SPEC 9.7 of the CPU's
+// and lse identical where non-finite and within 9.7 elsewhere, and every cache (SWA, compressed,
+// index-K, ring) bit for bit.
 VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
                                const std::function<void(const VerifyLine&)>& on_line = {});
 

@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
+
+#include "core/host_copy.hpp"
 
 namespace dsv41kv::oracles {
 
@@ -67,7 +70,8 @@ DemoWorkload demo_read_workload(double scale) {
 
 pipeline::ServingConfig demo_serving_config(const ModelDemoConfig& c) {
   pipeline::ServingConfig s;
-  s.device = Device::CPU;
+  s.device = c.device;
+  s.exec.stream = c.device == Device::CPU ? nullptr : c.stream;
   s.exec.num_threads = c.threads;
   s.max_tokens = std::max<int64_t>(c.workload.max_step_rows(), 1);
   s.max_requests = std::max<int64_t>(static_cast<int64_t>(c.workload.requests.size()), 1);
@@ -97,6 +101,7 @@ pipeline::ReadPathConfig demo_read_config(const ModelDemoConfig& c) {
   int64_t max_len = 1;
   for (const DemoRequest& q : c.workload.requests) max_len = std::max(max_len, q.length);
   r.max_model_len = max_len;
+  r.device_stats = c.device != Device::CPU;
   return r;
 }
 
@@ -191,6 +196,89 @@ std::vector<int64_t> sampled_rows(int64_t n, int64_t stride) {
   return rows;
 }
 
+// (3) of verify_model_demo on CUDA: the workload on the device and on the CPU in lockstep, every
+// layer's outputs and lse (9.7) and every cache bit for bit after every step.
+VerifyLine verify_device_vs_cpu(const ModelDemoConfig& c, const ExecContext& ctx) {
+  ModelDemoConfig h = c;
+  h.device = Device::CPU;
+  h.stream = nullptr;
+  const auto runner = [&](const ModelDemoConfig& d) {
+    const pipeline::ServingConfig sc = demo_serving_config(d);
+    return std::make_unique<pipeline::ModelRunner>(
+        d.model, sc, demo_read_config(d),
+        [&](const LayerInfo& li) { return pipeline::LayerWeights::from_seed(li, d.num_heads, d.seed); },
+        demo_read_config(d).max_model_len);
+  };
+  if (!c.weights_path.empty())
+    return {"workload on the GPU vs the CPU", true, "skipped: seeded weights only (--weights given)"};
+  const std::unique_ptr<pipeline::ModelRunner> gpu = runner(c), cpu = runner(h);
+  SeededActivations act_g(c.seed), act_c(c.seed);
+  std::map<int64_t, size_t> last_step;
+  for (size_t i = 0; i < c.workload.steps.size(); ++i)
+    for (const pipeline::RequestStep& r : c.workload.steps[i].requests) last_step[r.id] = i;
+  int64_t compared = 0;
+  const auto bytes = [&](const void* p, size_t n, Device d) {
+    const detail::HostCopy hc(TensorView::contiguous(const_cast<void*>(p), DType::U8, {static_cast<int64_t>(n)}, d), ctx);
+    return std::vector<uint8_t>(hc.as<uint8_t>(), hc.as<uint8_t>() + n);
+  };
+  for (size_t i = 0; i < c.workload.steps.size(); ++i) {
+    const pipeline::EngineStep& st = c.workload.steps[i];
+    for (const pipeline::RequestStep& r : st.requests)
+      if (!gpu->live(r.id)) {
+        const auto it = std::find_if(c.workload.requests.begin(), c.workload.requests.end(),
+                                     [&](const DemoRequest& d) { return d.id == r.id; });
+        const bool null_blocks = it != c.workload.requests.end() && it->null_blocks;
+        gpu->add_request(r.id, null_blocks);
+        cpu->add_request(r.id, null_blocks);
+      }
+    gpu->step(st, act_g);
+    cpu->step(st, act_c);
+    const int64_t N = gpu->metadata().num_rows();
+    for (int L = 0; L < gpu->num_layers(); ++L) {
+      const pipeline::AttentionLayer& g = gpu->layer(L);
+      const pipeline::AttentionLayer& k = cpu->layer(L);
+      const auto fail = [&](const std::string& what) {
+        return VerifyLine{"workload on the GPU vs the CPU", false, fmt::format("step {}, layer {}: {}", i, L, what)};
+      };
+      const int H = static_cast<int>(g.output().shape[1]), Hp = static_cast<int>(g.lse().shape[1]);
+      const size_t ob = static_cast<size_t>(N) * static_cast<size_t>(H) * kLatentDim * 2;
+      const size_t lb = static_cast<size_t>(N) * static_cast<size_t>(Hp) * 4;
+      const std::vector<uint8_t> go = bytes(g.output().data, ob, Device::CUDA), ko = bytes(k.output().data, ob, Device::CPU);
+      const conformance::ReadCheck o = compare_layer_rows(reinterpret_cast<const uint16_t*>(go.data()),
+                                                          reinterpret_cast<const uint16_t*>(ko.data()), N, H);
+      if (!o.pass) return fail("outputs: " + o.summary + " " + o.detail);
+      const std::vector<uint8_t> gl = bytes(g.lse().data, lb, Device::CUDA), kl = bytes(k.lse().data, lb, Device::CPU);
+      std::vector<double> ref(static_cast<size_t>(N * Hp));
+      for (size_t e = 0; e < ref.size(); ++e) ref[e] = reinterpret_cast<const float*>(kl.data())[e];
+      const conformance::ReadCheck l = conformance::check_attention_lse(reinterpret_cast<const float*>(gl.data()),
+                                                                        ref.data(), N * Hp);
+      if (!l.pass) return fail("lse: " + l.summary + " " + l.detail);
+      const auto same = [&](const void* gp, const void* kp, size_t n) {
+        return bytes(gp, n, Device::CUDA) == bytes(kp, n, Device::CPU);
+      };
+      if (!same(g.swa_cache().base, k.swa_cache().base, g.swa_cache().backing_bytes())) return fail("SWA cache bytes");
+      if (g.info().is_kv_source) {
+        if (!same(g.compressed_cache().base, k.compressed_cache().base, g.compressed_cache().backing_bytes()))
+          return fail("compressed cache bytes");
+        if (!same(g.index_k_cache().base, k.index_k_cache().base, g.index_k_cache().backing_bytes()))
+          return fail("index-K cache bytes");
+        if (g.info().ratio == 2) {
+          const TensorView gr = g.ring(), kr = k.ring();
+          if (!same(gr.data, kr.data, static_cast<size_t>(gr.numel()) * 4)) return fail("ring bytes");
+        }
+      }
+      ++compared;
+    }
+    for (const pipeline::RequestStep& r : st.requests)
+      if (last_step[r.id] == i) {
+        gpu->finish_request(r.id);
+        cpu->finish_request(r.id);
+      }
+  }
+  return {"workload on the GPU vs the CPU", compared > 0,
+          fmt::format("{} steps x layers: outputs and lse within SPEC 9.7, caches and rings bit for bit", compared)};
+}
+
 }  // namespace
 
 VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
@@ -203,7 +291,14 @@ VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
   const int H = c.num_heads;
   const size_t row_elems = static_cast<size_t>(H) * kLatentDim;
   const int NL = c.model.num_layers();
-  const ExecContext ctx{nullptr, c.threads};
+  const ExecContext ctx{c.device == Device::CPU ? nullptr : c.stream, c.threads};
+  // the first n output rows of a layer on the host (read back from a device)
+  const auto output_rows = [&](const pipeline::AttentionLayer& l, int64_t n) {
+    TensorView v = l.output();
+    v.shape[0] = n;
+    const detail::HostCopy h(v, ctx);
+    return std::vector<uint16_t>(h.as<uint16_t>(), h.as<uint16_t>() + static_cast<size_t>(n) * row_elems);
+  };
   for (const DemoRequest& req : c.workload.requests) {
     // (1) the sequence as one prefill ...
     ModelDemoConfig one = c;
@@ -213,8 +308,7 @@ VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
     DenseTotals dense_p, dense_d;
     const std::vector<int64_t> rows = sampled_rows(req.length, dense_stride);
     run_model_demo(one, {}, [&](const pipeline::ModelRunner& r, const pipeline::AttentionLayer& l) {
-      const auto* o = l.output().ptr<const uint16_t>();
-      prefill_out[static_cast<size_t>(l.info().index)].assign(o, o + static_cast<size_t>(req.length) * row_elems);
+      prefill_out[static_cast<size_t>(l.info().index)] = output_rows(l, req.length);
       dense_p.add(check_layer_dense(r, l, rows, ctx), l.info().index);
     });
     // ... and token by token through decode
@@ -230,7 +324,7 @@ VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
                    [&](const pipeline::ModelRunner& r, const pipeline::AttentionLayer& l) {
                      const size_t L = static_cast<size_t>(l.info().index);
                      const conformance::ReadCheck k = compare_layer_rows(
-                         l.output().ptr<const uint16_t>(), prefill_out[L].data() + static_cast<size_t>(pos) * row_elems, 1, H);
+                         output_rows(l, 1).data(), prefill_out[L].data() + static_cast<size_t>(pos) * row_elems, 1, H);
                      if (!k.pass && bad[L]++ == 0) first[L] = fmt::format("position {}: {}", pos, k.detail);
                      if (pos % dense_stride == 0 || pos == req.length - 1)
                        dense_d.add(check_layer_dense(r, l, step_rows, ctx), l.info().index);
@@ -265,6 +359,7 @@ VerifyReport verify_model_demo(const ModelDemoConfig& c, int64_t dense_stride,
     emit(d.line(fmt::format("workload, SWA {} + compressed {}: vs dense binary64", record_info(sw).name,
                             record_info(cm).name)));
   }
+  if (c.device != Device::CPU) emit(verify_device_vs_cpu(c, ctx));
   return rep;
 }
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "core/host_copy.hpp"
 #include "core/parallel.hpp"
 #include "dsv41kv/reference.hpp"
 #include "dsv41kv/rng.hpp"
@@ -48,23 +49,7 @@ void fill_rows(const TensorView& v, std::span<const pipeline::TokenId> tokens, i
     std::memset(base + t * stride, 0, static_cast<size_t>(row_elems) * sizeof(T));
 }
 
-// The bytes of a view on the host: the view's own on the CPU, a copy (download_view, which waits)
-// of a device view.
-struct HostBytes {
-  std::vector<uint8_t> copy;
-  const void* data = nullptr;
-  HostBytes(const TensorView& v, const ExecContext& ctx) {
-    data = v.data;
-    if (v.device == Device::CPU || !v.present()) return;
-    copy.resize(static_cast<size_t>(v.numel()) * dtype_size(v.dtype));
-    download_view(v, copy.data(), ctx);
-    data = copy.data();
-  }
-  template <class T>
-  const T* as() const {
-    return static_cast<const T*>(data);
-  }
-};
+using HostBytes = detail::HostCopy;
 
 // A cache view whose backing is on the host (a copy of a device cache's whole backing).
 CacheView host_cache(const CacheView& c, std::vector<uint8_t>& store, const ExecContext& ctx) {

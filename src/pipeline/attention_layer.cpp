@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/host_copy.hpp"
 #include "core/validate.hpp"
 #include "dsv41kv/cache.hpp"
 #include "dsv41kv/compressor.hpp"
@@ -728,25 +729,30 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
 }
 
 void AttentionLayer::Impl::count(const StepMetadata& meta) {
-  // The counts and the checksum read the step's device data: on CUDA that would synchronise the
-  // layer's call, so they are left 0 there (the rows, chunks and shortcut above are host facts).
-  if (cfg.device != Device::CPU) return;
+  // The counts and the checksum read the step's results: on CUDA that synchronises the layer's
+  // call, so it is done only when read.device_stats asks for it (tools; the rows, chunks and
+  // shortcut above are host facts either way).
+  if (cfg.device != Device::CPU && !read.device_stats) return;
+  const ExecContext& ctx = cfg.exec;
   const int64_t A = meta.num_tokens(), N = meta.num_rows();
-  const auto* slot = meta.swa_slots().ptr<const int64_t>();
-  const auto* pos = meta.positions().ptr<const int64_t>();
+  const detail::HostCopy h_slot(meta.swa_slots(), ctx), h_pos(meta.positions(), ctx);
+  const auto* slot = h_slot.as<int64_t>();
+  const auto* pos = h_pos.as<int64_t>();
   for (int64_t t = 0; t < N; ++t)
     if (slot[t] >= 0) {
       ++stats.swa_records;
       stats.swa_keys += detail::window_len(pos[t]);
     }
   if (info.is_kv_source) {
-    const auto* cs = meta.compressed_slots(r).ptr<const int64_t>();
+    const detail::HostCopy h_cs(meta.compressed_slots(r), ctx);
+    const auto* cs = h_cs.as<int64_t>();
     for (int64_t t = 0; t < N; ++t) stats.compressed_records += cs[t] >= 0;
     stats.index_keys = stats.compressed_records;
   }
   if (r > 0) {
-    const auto* tk = shared->topk().ptr<const int32_t>();
-    const auto* cand = shared->candidates().ptr<const int32_t>();
+    const detail::HostCopy h_tk(shared->topk(), ctx), h_cand(shared->candidates(), ctx);
+    const auto* tk = h_tk.as<int32_t>();
+    const auto* cand = h_cand.as<int32_t>();
     const bool cand_used = !stats.shortcut && (info.is_candidate_source || info.is_candidate_consumer) &&
                            !indexer_takes_shortcut(shortcut_len, r, read.capturing_cuda_graph);
     for (int64_t t = 0; t < A; ++t) {
@@ -769,7 +775,8 @@ void AttentionLayer::Impl::count(const StepMetadata& meta) {
       }
     }
   }
-  const auto* o = out.as<uint8_t>();
+  const detail::HostCopy h_out(out.view(DType::BF16, {A, H, kLatentDim}), ctx);
+  const auto* o = h_out.as<uint8_t>();
   stats.checksum = fnv1a(o, static_cast<size_t>(A * H * kLatentDim) * sizeof(uint16_t), 1469598103934665603ull);
 }
 

@@ -1,7 +1,8 @@
 // `dsv41kv demo`: the main job. By default the whole attention path of a V4.1 topology on the CPU
 // (oracles/model_demo: the write path, the indexer, sparse MLA with sink, the inverse RoPE) over
 // a built-in multi-step workload, printing per step and layer what was written and read;
-// `--verify` adds prefill vs token-by-token decode and the dense binary64 checks.
+// `--verify` adds prefill vs token-by-token decode and the dense binary64 checks; `--device cuda`
+// runs the layers on the GPU (and --verify then also holds every step against the CPU).
 // `--write-path`: the write path alone (one ratio-2 and one ratio-1 kv-source compressor layer
 // with seeded weights, run by pipeline.hpp's serving step on the CPU or the GPU: hidden (bf16)
 // -> projection -> kv_score (fp32) -> metadata -> compress -> insert into every requested record
@@ -80,13 +81,17 @@ struct Layer {
   double seconds_projection = 0, seconds_compress_insert = 0;
 };
 
+// --device cuda without a usable GPU: the message, and exit status 2 for the caller.
+bool no_gpu(const DemoOptions& o) {
+  if (o.device != "cuda" || cuda_device_available()) return false;
+  std::fprintf(stderr, "dsv41kv: demo --device cuda: no usable GPU: %s (run without --device, or on a machine with "
+                       "a CUDA device)\n", cuda_device_description().c_str());
+  return true;
+}
+
 int run_write_demo(const DemoOptions& o) {
   const bool on_gpu = o.device == "cuda";
-  if (on_gpu && !cuda_device_available()) {
-    std::fprintf(stderr, "dsv41kv: demo --device cuda: no usable GPU: %s (run without --device, or on a machine with "
-                         "a CUDA device)\n", cuda_device_description().c_str());
-    return 2;
-  }
+  if (no_gpu(o)) return 2;
   const ModelConfig cfg = o.config_path.empty() ? deepseek_v41_flash() : load_model_config(o.config_path);
   std::vector<RecordFormat> formats;
   if (o.format == "all") formats.assign(std::begin(kAllRecordFormats), std::end(kAllRecordFormats));
@@ -277,7 +282,9 @@ const char* role_name(const LayerInfo& li) {
 }
 
 int run_model_demo_cli(const DemoOptions& o) {
+  if (no_gpu(o)) return 2;
   oracles::ModelDemoConfig c;
+  c.device = o.device == "cuda" ? Device::CUDA : Device::CPU;
   if (!o.config_path.empty()) c.model = load_model_config(o.config_path);
   c.seed = o.seed;
   c.weights_path = o.weights;
@@ -290,14 +297,16 @@ int run_model_demo_cli(const DemoOptions& o) {
   const ModelConfig& m = c.model;
   nlohmann::json js;
   js["seed"] = o.seed;
+  if (c.device != Device::CPU) js["device"] = o.device;
   js["layers"] = m.num_layers();
   js["heads"] = c.num_heads;
   js["swa_format"] = record_info(c.swa_format).name;
   js["compressed_format"] = record_info(c.compressed_format).name;
   js["steps"] = nlohmann::json::array();
   if (!o.json) {
-    fmt::print("dsv41kv demo: the whole attention path of a V4.1 topology on the CPU, {} layers:\n{}\n{} heads, "
+    fmt::print("dsv41kv demo: the whole attention path of a V4.1 topology on the {}, {} layers:\n{}\n{} heads, "
                "SWA {}, compressed {}, index keys fp8_132, {} weights, seeded activations (seed {})\n",
+               c.device == Device::CPU ? "CPU" : cuda_device_description(),
                m.num_layers(), describe_topology(m), c.num_heads, record_info(c.swa_format).name,
                record_info(c.compressed_format).name, o.weights.empty() ? "seeded" : o.weights, o.seed);
     fmt::print("{} requests over {} steps (request 3 has null blocks), num_speculative_tokens {}\n",
@@ -395,7 +404,6 @@ int run_model_demo_cli(const DemoOptions& o) {
 int run_demo(const DemoOptions& o) {
   if (o.write_path) return run_write_demo(o);
   if (o.ratio != "both") invalid_argument("--ratio: an option of the write-path demo, expected --write-path with it");
-  if (o.device != "cpu") invalid_argument("--device: the read path runs on the CPU only, expected --write-path with it");
   if (o.mutation != "none") invalid_argument("--mutation: an option of the write-path demo, expected --write-path");
   return run_model_demo_cli(o);
 }
@@ -426,8 +434,9 @@ void add_demo(CLI::App& app, int& exit_code) {
                                         "--write-path only; the read path then uses v4_584)");
   cmd->add_option("--config", o.config_path, "Hugging Face config.json (default: DeepSeek-V4.1-Flash)");
   cmd->add_option("--threads", o.threads, "CPU threads (0: all)")->check(CLI::Range(0, 4096));
-  cmd->add_option("--device", o.device, "cpu | cuda: where the pipeline runs (cuda: cuBLAS projection, CUDA kernels, "
-                                        "per-step GPU time; exit 2 without a GPU)")
+  cmd->add_option("--device", o.device, "cpu | cuda: where the layers run (cuda: CUDA kernels; the read path's --verify "
+                                        "adds the GPU vs the CPU; --write-path: cuBLAS projection, per-step GPU time; "
+                                        "exit 2 without a GPU)")
       ->check(CLI::IsMember({"cpu", "cuda"}));
 #if defined(DSV41KV_TEST_SEAMS)
   // The test seam: hold the records against a wrong expectation (the negated latents) to show
