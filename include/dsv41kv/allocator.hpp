@@ -35,6 +35,8 @@ struct AllocatorConfig {
 };
 // E8 naming the field.
 void validate(const AllocatorConfig& cfg);
+// The pools of a serving configuration: its SWA, c1a / c2a geometry and (c2a served) ring blocks.
+AllocatorConfig allocator_config(const ServingConfig& s);
 
 // What one request holds.
 struct RequestPages {

@@ -14,17 +14,6 @@ namespace {
 
 constexpr const char* kOp = "ModelRunner";
 
-AllocatorConfig allocator_config(const ServingConfig& s) {
-  AllocatorConfig a;
-  a.swa_pages = s.swa.num_pages;
-  a.swa_page_tokens = s.swa.page_tokens;
-  a.swa_block_table_width = s.swa.block_table_width;
-  a.c1a = s.c1a;
-  a.c2a = s.c2a;
-  a.ring_blocks = s.serves(2) ? s.ring_blocks : 0;
-  return a;
-}
-
 }  // namespace
 
 struct ModelRunner::Impl {

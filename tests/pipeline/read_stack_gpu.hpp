@@ -94,7 +94,7 @@ class ReadStack {
   // `sc` is the CPU configuration; the GPU side gets the same on CUDA with `stream`.
   ReadStack(const ModelConfig& m, const pipeline::ServingConfig& sc, const pipeline::ReadPathConfig& rc,
             cudaStream_t stream, bool with_cpu, int64_t rope_rows, uint64_t act_seed = 11)
-      : model_(m), rc_(rc), stream_(stream), alloc_(alloc_config(sc)), act_(act_seed) {
+      : model_(m), rc_(rc), stream_(stream), alloc_(pipeline::allocator_config(sc)), act_(act_seed) {
     const RopeTable plain = rope_table_for_ratio(m, 0, rope_rows);
     RopeTable yarn;
     if (m.any_compressed()) yarn = rope_table_for_ratio(m, 1, rope_rows);
@@ -157,17 +157,6 @@ class ReadStack {
   void use_fixed_pool(uint64_t seed) { fixed_ = true, fixed_seed_ = seed; }
 
  private:
-  static pipeline::AllocatorConfig alloc_config(const pipeline::ServingConfig& s) {
-    pipeline::AllocatorConfig a;
-    a.swa_pages = s.swa.num_pages;
-    a.swa_page_tokens = s.swa.page_tokens;
-    a.swa_block_table_width = s.swa.block_table_width;
-    a.c1a = s.c1a;
-    a.c2a = s.c2a;
-    a.ring_blocks = s.serves(2) ? s.ring_blocks : 0;
-    return a;
-  }
-
   template <class T>
   static void upload_exact(const std::vector<T>& h, DevMem& d, cudaStream_t s) {
     d = DevMem(h.size() * sizeof(T));

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "dsv41kv/device.hpp"
 #include "dsv41kv/model_demo.hpp"
 #include "dsv41kv/safetensors.hpp"
 #include "support/cli.hpp"
@@ -80,7 +81,6 @@ TEST(ModelDemo, BadFlagsExitTwoWithTheArgumentNamed) {
   TempDir tmp;
   for (const auto& [flags, needle] : std::map<std::string, std::string>{
            {"demo --ratio 2", "--ratio: an option of the write-path demo"},
-           {"demo --device cuda", "--device: the read path runs on the CPU only"},
            {"demo --swa-format nvfp4_288", "swa_format: nvfp4_288"},
            {"demo --heads 12", "--heads"},
            {"demo --format fp16", "fp16"},
@@ -88,6 +88,11 @@ TEST(ModelDemo, BadFlagsExitTwoWithTheArgumentNamed) {
     const auto r = run_cli(flags, tmp);
     EXPECT_EQ(r.code, 2) << flags;
     EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
+  }
+  if (!dsv41kv::cuda_device_available()) {  // with a GPU the read path runs there (tests/tools/test_demo_gpu.cpp)
+    const auto r = run_cli("demo --device cuda", tmp);
+    EXPECT_EQ(r.code, 2);
+    EXPECT_NE(r.err.find("demo --device cuda: no usable GPU"), std::string::npos) << r.err;
   }
 }
 

@@ -14,14 +14,15 @@
 namespace dsv41kv::cli {
 
 void add_conform(CLI::App& app, int& exit_code) {
-  auto* cmd = app.add_subcommand("conform", "run conformance files (compress + insert vs the reference, SPEC 10.3)");
+  auto* cmd = app.add_subcommand("conform", "run conformance files (compress + insert, sparse decode / prefill attention, the indexer vs "
+                                                   "the references, SPEC 10.3)");
   static std::vector<std::string> files;
   static std::string dump_dir;
   static std::string device = "cpu";
   static int threads = 0;
   cmd->add_option("files", files, "conformance files (.safetensors or .safetensors.gz)")->required();
   cmd->add_option("--dump", dump_dir, "write the project's outputs to DIR/<file name without .gz>");
-  cmd->add_option("--device", device, "where compress/insert run")->check(CLI::IsMember({"cpu", "cuda"}));
+  cmd->add_option("--device", device, "where the ops run (cpu | cuda)")->check(CLI::IsMember({"cpu", "cuda"}));
   cmd->add_option("--threads", threads, "CPU threads (0 = all)")->check(CLI::Range(0, 4096));
   cmd->callback([&exit_code] {
     conformance::Options opt;
