@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dsv41kv/metadata.hpp"
+#include "metadata/slots.hpp"
 #include "support/canary.hpp"
 #include "support/errors.hpp"
 #include "support/random.hpp"
@@ -681,6 +682,20 @@ TEST(ReadPathValidation, SparseMlaMetadata) {
   run_bad<A>(
       cases, [](Fixed& f) { return f.sparse(); },
       [](const A& a, const ExecContext& c) { (void)build_sparse_mla_metadata(a, c); });
+}
+
+// The index-row entry both backends share (metadata/slots.hpp): the slot, or -1 for the null page
+// and where a CPU builder reports an error (a page id >= num_pages, a slot beyond int32), which is
+// what a device builder writes there.
+TEST(ReadPathRowEntry, NullPagesBoundsAndInt32) {
+  EXPECT_EQ(detail::row_entry(3, 32, 5, -1), 101);
+  EXPECT_EQ(detail::row_entry(3, 32, 5, 4), 101);
+  EXPECT_EQ(detail::row_entry(0, 32, 5, -1), -1);
+  EXPECT_EQ(detail::row_entry(-7, 32, 5, -1), -1);
+  EXPECT_EQ(detail::row_entry(4, 32, 5, 4), -1);
+  EXPECT_EQ(detail::row_entry((int64_t{1} << 26) - 1, 32, 31, -1), 0x7FFFFFFF);  // the largest i32 slot
+  EXPECT_EQ(detail::row_entry(int64_t{1} << 26, 32, 0, -1), -1);                 // 2^31
+  EXPECT_EQ(detail::row_entry(int64_t{1} << 26, 64, 0, -1), -1);            // 2^32: beyond int32
 }
 
 }  // namespace
