@@ -238,8 +238,8 @@ TEST(IndexerValidation, Topk) {
                                &a.candidates, &a.scores})
            v->device = Device::CUDA;
          a.k_cache.device = Device::CUDA;
-         if (built_with_cuda()) a.scores = TensorView{};  // valid device views would be dispatched: refused first
-       }, built_with_cuda() ? "indexer_topk: scores: absent, expected f32 [rows >= T, cols >= the largest n_c] on cuda"
+         // valid device views would be dispatched: refused first (no workspace)
+       }, built_with_cuda() ? "indexer_topk: workspace: absent, expected u8 [indexer_topk_workspace_bytes(...)] on cuda"
                             : "indexer_topk: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   std::vector<int32_t> cand;
