@@ -313,5 +313,20 @@ TEST(IndexerValidation, Shortcut) {
   expect_error([] { indexer_takes_shortcut(10, 0); }, E8, "indexer_takes_shortcut: ratio = 0, expected 1 or 2");
 }
 
+// The CUDA top-k's workspace: per token 4 KiB per 4096-entry chunk of the block table's width
+// (a source 6 KiB; a consumer 8 chunks whatever the width, and its union's chunk count).
+TEST(IndexerValidation, TopkWorkspaceBytes) {
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kPlain), 3 * 2 * 4096);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 64, 64, IndexerRole::kPlain), 3 * 1 * 4096);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kCandidateSource), 3 * 2 * 6144);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kCandidateConsumer), 3 * (8 * 4096 + 4));
+  EXPECT_EQ(indexer_topk_workspace_bytes(0, 100, 64, IndexerRole::kPlain), 0);
+  EXPECT_EQ(indexer_topk_workspace_bytes(1, int64_t{1} << 40, 64, IndexerRole::kPlain), (int64_t{1} << 31) / 4096 * 4096);
+  expect_error([] { indexer_topk_workspace_bytes(-1, 1, 64, IndexerRole::kPlain); }, E8,
+               "indexer_topk_workspace_bytes: T: -1, expected >= 0");
+  expect_error([] { indexer_topk_workspace_bytes(1, 1, 0, IndexerRole::kPlain); }, E8,
+               "indexer_topk_workspace_bytes: states_per_page: 0, expected > 0");
+}
+
 }  // namespace
 }  // namespace dsv41kv::test
