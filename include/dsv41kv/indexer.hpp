@@ -137,6 +137,8 @@ struct IndexerTopkArgs {
   int group_tokens = 0;                // CUDA tuning, 0..8: consecutive tokens of one request scored
                                        // against one read of its keys (best: the decode tokens per
                                        // request); 0: the library's choice (2). Results do not depend on it
+  int score_blocks_per_sm = 0;         // CUDA tuning: 0 (the library's choice, 2), 1 or 2: the scoring
+                                       // kernel's registers capped for that many resident blocks per SM
 };
 void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx = {});
 

@@ -43,6 +43,7 @@ struct IndexerTopkPlan {
   int64_t scores_cols = 0, scores_stride = 0;  // when scores is present
   int64_t ws_chunks = 0;                    // CUDA: chunks per token in the workspace (topk_chunks)
   int group_tokens = 2;                     // CUDA: tokens per scoring block
+  int score_blocks_per_sm = 2;              // CUDA: the scoring kernel's register cap (1 or 2)
 };
 
 // The CUDA top-k's chunking (topk_cuda.cu): a scoring block covers kTopkChunk entries (plain,

@@ -245,6 +245,9 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
   if (a.group_tokens < 0 || a.group_tokens > kTopkMaxGroup)
     bad_arg(op, "group_tokens", fmt::format("{}, expected 0 (the library's choice) .. {}", a.group_tokens, kTopkMaxGroup));
   p.group_tokens = a.group_tokens == 0 ? 2 : a.group_tokens;
+  if (a.score_blocks_per_sm < 0 || a.score_blocks_per_sm > 2)
+    bad_arg(op, "score_blocks_per_sm", fmt::format("{}, expected 0 (the library's choice), 1 or 2", a.score_blocks_per_sm));
+  p.score_blocks_per_sm = a.score_blocks_per_sm == 0 ? 2 : a.score_blocks_per_sm;
   if (a.role == IndexerRole::kCandidateConsumer) p.group_tokens = std::min(p.group_tokens, kTopkConsumerGroup);
   p.ws_chunks = topk_chunks(a.role, topk_entry_bound(p.bt_cols, a.k_cache.states_per_page));
   if (p.device != Device::CPU) {

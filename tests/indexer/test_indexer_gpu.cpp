@@ -172,7 +172,7 @@ struct DeviceStep {
         ws(std::vector<uint8_t>(static_cast<size_t>(indexer_topk_workspace_bytes(s.T, s.bt_cols, s.S, role)), 0xEE)),
         w(s.w), scores(s.scores.vec()), pos(s.pos), req(s.req), valid(s.valid), bt(s.bt), topk(s.topk.vec()),
         cand(s.cand.vec()) {}
-  IndexerTopkArgs args(IndexerStep& s, IndexerRole role, bool with_scores, int group) {
+  IndexerTopkArgs args(IndexerStep& s, IndexerRole role, bool with_scores, int group, int blocks = 0) {
     IndexerTopkArgs a = s.args(role, with_scores);
     a.q8 = q8.view({s.T, kIndexHeads, kIndexHeadDim});
     a.w = w.view({s.T, kIndexHeads});
@@ -187,6 +187,7 @@ struct DeviceStep {
     if (with_scores) a.scores = scores.view({s.T + 1, s.scores_cols});
     a.workspace = ws.view1();
     a.group_tokens = group;
+    a.score_blocks_per_sm = blocks;
     return a;
   }
 };
@@ -247,6 +248,7 @@ struct TopkCase {
   IndexerRole role = IndexerRole::kPlain;
   bool with_scores = true;
   int group = 0;
+  int blocks = 0;  // score_blocks_per_sm
 };
 
 // The CPU's outputs of a step for a role (with scores): the reference of check_topk.
@@ -264,7 +266,7 @@ void check_topk(const IndexerStep& step, const IndexerStep& h, const std::vector
                 const std::string& what) {
   IndexerStep fresh = step;
   DeviceStep d(fresh, c.role);
-  indexer_topk(d.args(fresh, c.role, c.with_scores, c.group));
+  indexer_topk(d.args(fresh, c.role, c.with_scores, c.group, c.blocks));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   const std::vector<float> scores = d.scores.download();
   const std::vector<int32_t> topk = d.topk.download(), cand = d.cand.download();
@@ -333,7 +335,8 @@ IndexerStep with_source_candidates(const IndexerStep& s, Rng& rng) {
 // without the scores output, several group sizes, aligned and unaligned key rows.
 TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
   for (int ratio : {1, 2}) {
-    const std::vector<RequestSpec> reqs = {{511 * ratio + ratio - 1, 1}, {512 * ratio + ratio - 1, 2},
+    // n_c 511; 512, 512 + (ratio 1); 513..; 20000..; around 16384; a prefill run; tiny
+    const std::vector<RequestSpec> reqs = {{511 * ratio - 1, 1},          {512 * ratio - 1, 2},
                                            {513 * ratio - 1, 6},          {20000 * ratio, 2},
                                            {16384 * ratio - 3, 3},        {3000, 16},
                                            {5, 2}};
@@ -354,6 +357,8 @@ TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
                                      std::to_string(group);
             check_topk(step, ref, is_cons ? tol_cons : tol, {role, sc, group}, what);
           }
+        check_topk(step, ref, is_cons ? tol_cons : tol, {role, true, 0, 1},
+                   std::string(role_tag(role)) + " r" + std::to_string(ratio) + " one block per SM");
       }
     }
   }
@@ -420,6 +425,9 @@ TEST_F(IndexerGpu, TopkWorkspaceValidation) {
   IndexerTopkArgs group = a;
   group.group_tokens = 9;
   EXPECT_THROW(indexer_topk(group), Error);
+  IndexerTopkArgs blocks = a;
+  blocks.score_blocks_per_sm = 3;
+  EXPECT_THROW(indexer_topk(blocks), Error);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(d.topk.download() == s.topk.vec());
   EXPECT_TRUE(bits_equal(s.scores.vec(), d.scores.download(), "scores untouched"));

@@ -343,7 +343,11 @@ __device__ int consumer_union(const int32_t* crow, int32_t* opre, int32_t* ubl, 
   return u;
 }
 
-__global__ void __launch_bounds__(kThreads, 2) score_chunk_kernel(const TopkParams p) {
+// kMinBlocks: the resident blocks per SM the registers are capped for (2: 128 registers with
+// about 180 bytes of spills, 16 warps per SM; 1: ~200 registers, 8 warps per SM), a tuning choice
+// (IndexerTopkArgs::score_blocks_per_sm) for the device to decide.
+template <int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const TopkParams p) {
   extern __shared__ uint4 smem[];
   const int G = p.group;
   const bool consumer = p.role == IndexerRole::kCandidateConsumer;
@@ -528,10 +532,10 @@ __global__ void __launch_bounds__(kThreads, 2) score_chunk_kernel(const TopkPara
 
 // The scores output of a consumer before its blocks scatter into it: -inf everywhere.
 __global__ void __launch_bounds__(kThreads) fill_scores_kernel(const TopkParams p) {
-  const int64_t t = blockIdx.y;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.scores_cols;
-       i += static_cast<int64_t>(gridDim.x) * kThreads)
-    p.scores[t * p.scores_stride + i] = kNegInf;
+  for (int64_t t = blockIdx.y; t < p.T; t += gridDim.y)
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < p.scores_cols;
+         i += static_cast<int64_t>(gridDim.x) * kThreads)
+      p.scores[t * p.scores_stride + i] = kNegInf;
 }
 
 // One block per token: the top 512 of its chunks' candidates; a source also its 2048 blocks.
@@ -600,18 +604,18 @@ void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const Exec
   cudaStream_t s = as_stream(ctx.stream);
   const bool consumer = a.role == IndexerRole::kCandidateConsumer;
   if (consumer && k.scores != nullptr && p.scores_cols > 0) {
-    const dim3 grid(static_cast<unsigned>((p.scores_cols + kThreads - 1) / kThreads < 64 ? (p.scores_cols + kThreads - 1) / kThreads : 64),
-                    static_cast<unsigned>(p.T));
+    const dim3 grid(static_cast<unsigned>(std::min<int64_t>((p.scores_cols + kThreads - 1) / kThreads, 64)),
+                    static_cast<unsigned>(std::min<int64_t>(p.T, 65535)));
     fill_scores_kernel<<<grid, kThreads, 0, s>>>(k);
     DSV41KV_CUDA_CHECK_LAUNCH("fill_scores_kernel");
   }
   int64_t gx = p.ws_chunks;
   if (!consumer && k.scores != nullptr) gx = std::max(gx, (p.scores_cols + kChunk - 1) / kChunk);
   const size_t smem = score_smem_bytes(k.group, consumer);
-  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(score_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
+  auto* kernel = p.score_blocks_per_sm == 1 ? score_chunk_kernel<1> : score_chunk_kernel<2>;
+  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>((p.T + k.group - 1) / k.group));
-  score_chunk_kernel<<<grid, kThreads, smem, s>>>(k);
+  kernel<<<grid, kThreads, smem, s>>>(k);
   DSV41KV_CUDA_CHECK_LAUNCH("score_chunk_kernel");
   launch_kernel(select_kernel, dim3(static_cast<unsigned>(p.T)), dim3(kThreads), s, ctx.programmatic_launch, k);
 }
