@@ -344,7 +344,7 @@ __device__ int consumer_union(const int32_t* crow, int32_t* opre, int32_t* ubl, 
 }
 
 // kMinBlocks: the resident blocks per SM the registers are capped for (2: 128 registers with
-// about 180 bytes of spills, 16 warps per SM; 1: ~200 registers, 8 warps per SM), a tuning choice
+// about 150 bytes of spills, 16 warps per SM; 1: ~200 registers, 8 warps per SM), a tuning choice
 // (IndexerTopkArgs::score_blocks_per_sm) for the device to decide.
 template <int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const TopkParams p) {
@@ -360,6 +360,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const
   uint32_t* umask = reinterpret_cast<uint32_t*>(ubl + G * kCandidateTopkBlocks);
   __shared__ int s_run_start[kTopkMaxGroup + 1];
   __shared__ int s_nruns;
+  __shared__ int64_t s_nc[kTopkMaxGroup];  // n_c of each token of the group
   const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
   const int gq = lane / 4, cq = lane % 4;
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * G;
@@ -375,6 +376,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const
       const bool ok = token_valid(p, t0 + g);
       const bool cont = g > 0 && ok && token_valid(p, t0 + g - 1) && p.t2r[t0 + g] == p.t2r[t0 + g - 1];
       if (ok && !cont) s_run_start[n++] = g;
+      s_nc[g] = token_nc(p, t0 + g);
     }
     s_nruns = n;
   }
@@ -409,10 +411,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const
     while (g1 < gn && token_valid(p, t0 + g1) && p.t2r[t0 + g1] == p.t2r[t0 + g0]) ++g1;
     const int64_t req = p.t2r[t0 + g0];
     int64_t limit = 0;  // the run's largest n_c
-    for (int g = g0; g < g1; ++g) {
-      const int64_t nc = token_nc(p, t0 + g);
-      limit = nc > limit ? nc : limit;
-    }
+    for (int g = g0; g < g1; ++g) limit = s_nc[g] > limit ? s_nc[g] : limit;
     __syncthreads();  // the previous run's queries and union are no longer read
     int64_t positions = limit;
     if (consumer) {
@@ -490,7 +489,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const
         hi += __shfl_xor_sync(0xffffffffu, hi, 1);
         hi += __shfl_xor_sync(0xffffffffu, hi, 2);
         if (cq == 0) {
-          const int64_t nc = token_nc(p, t0 + g);
+          const int64_t nc = s_nc[g];
           const uint32_t bit = 1u << (g - g0);
           if (k0.ok && (m0 & bit) && entry_at(cand_row, base + r0) < nc) sc[g * kChunk + r0] = lo * k0.sk;
           if (k1.ok && (m1 & bit) && entry_at(cand_row, base + r0 + 8) < nc) sc[g * kChunk + r0 + 8] = hi * k1.sk;
