@@ -5,9 +5,11 @@
 //
 // Every function validates all of its arguments on the host before touching any output and
 // throws dsv41kv::Error (E8) naming the op, the argument, the value and what was expected. The
-// backend is the device of the views (all on one device). Every op has CUDA kernels whose bytes
-// equal the CPU's (device views are checked for shape only; indices a kernel cannot use write
-// nothing; indexer_topk on CUDA needs `scores`, its workspace).
+// backend is the device of the views (all on one device). Every op has CUDA kernels (device views
+// are checked for shape only; indices a kernel cannot use write nothing): the K store, the Q
+// preparation and the shortcut write the CPU's bytes; indexer_topk on CUDA computes the scores on
+// tensor cores within SPEC 8.8's tolerance and needs a caller-owned `workspace`
+// (indexer_topk_workspace_bytes).
 //
 // The per-step order of SPEC 9.8: indexer_k_store (kv sources) and indexer_prepare_q, then either
 // indexer_shortcut_topk (when indexer_takes_shortcut says so) or indexer_topk.
@@ -129,8 +131,22 @@ struct IndexerTopkArgs {
   TensorView scores;                   // optional f32 [rows >= T, cols >= max n_c of the valid tokens] output:
                                        // I(t, i) for i < cols (-inf where not visible or masked; all -inf
                                        // for an invalid token)
+  TensorView workspace;                // CUDA: u8 [>= indexer_topk_workspace_bytes(T, block_table.shape[1],
+                                       // k_cache.states_per_page, role)], 16-byte aligned, caller-owned
+                                       // (its contents need no initialisation); not read on the CPU
+  int group_tokens = 0;                // CUDA tuning, 0..8: consecutive tokens of one request scored
+                                       // against one read of its keys (best: the decode tokens per
+                                       // request); 0: the library's choice (2). Results do not depend on it
+  int score_blocks_per_sm = 0;         // CUDA tuning: 0 (the library's choice, 2), 1 or 2: the scoring
+                                       // kernel's registers capped for that many resident blocks per SM
 };
 void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx = {});
+
+// Bytes of indexer_topk's CUDA workspace for T tokens whose block table has max_pages pages per
+// request of states_per_page states (so n_c <= max_pages * states_per_page): per token, the
+// (score, index) candidates of every 4096-entry chunk and, for a candidate source, the block
+// scores. E8 for a negative count or a role outside the enum.
+int64_t indexer_topk_workspace_bytes(int64_t T, int64_t max_pages, int64_t states_per_page, IndexerRole role);
 
 // ---------------------------------------------------------------- short-context shortcut (SPEC 8.6)
 

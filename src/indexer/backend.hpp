@@ -41,7 +41,38 @@ struct IndexerTopkPlan {
   int64_t topk_stride = 0;
   int64_t cand_stride = 0;                  // candidate source / consumer
   int64_t scores_cols = 0, scores_stride = 0;  // when scores is present
+  int64_t ws_chunks = 0;                    // CUDA: chunks per token in the workspace (topk_chunks)
+  int group_tokens = 2;                     // CUDA: tokens per scoring block
+  int score_blocks_per_sm = 2;              // CUDA: the scoring kernel's register cap (1 or 2)
 };
+
+// The CUDA top-k's chunking (topk_cuda.cu): a scoring block covers kTopkChunk entries (plain,
+// source) or candidate positions (consumer, 8 per candidate block) and leaves its top 512 in the
+// workspace; a candidate source also leaves kTopkChunk / 8 block scores per chunk.
+inline constexpr int64_t kTopkChunk = 4096;
+inline constexpr int kTopkMaxGroup = 8;
+// A consumer's group: its tokens' candidate rows are merged into one union read once.
+inline constexpr int kTopkConsumerGroup = 2;
+// The entries a block table of max_pages pages of S states can name, capped at 2^31 (n_c is below).
+inline int64_t topk_entry_bound(int64_t max_pages, int64_t S) {
+  int64_t e = 0;
+  if (__builtin_mul_overflow(max_pages, S, &e) || e > (int64_t{1} << 31)) e = int64_t{1} << 31;
+  return e;
+}
+// Chunks per token for a block table of `entries` = max_pages * S entries per request.
+inline int64_t topk_chunks(IndexerRole role, int64_t entries) {
+  if (role == IndexerRole::kCandidateConsumer)
+    return int64_t{kTopkConsumerGroup} * kCandidateTopkBlocks * kCandidateBlockSize / kTopkChunk;
+  return entries > 0 ? (entries + kTopkChunk - 1) / kTopkChunk : 1;
+}
+// Workspace bytes per token: score f32 and index i32 of 512 candidates per chunk, then one f32 per
+// block (source) or the i32 chunk count of the token's union (consumer).
+inline int64_t topk_ws_token_bytes(IndexerRole role, int64_t chunks) {
+  int64_t b = chunks * kIndexTopk * 8;
+  if (role == IndexerRole::kCandidateSource) b += chunks * (kTopkChunk / kCandidateBlockSize) * 4;
+  if (role == IndexerRole::kCandidateConsumer) b += 4;
+  return b;
+}
 IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a);
 void check_indexer_topk_values(const IndexerTopkArgs& a, const IndexerTopkPlan& p);
 

@@ -70,6 +70,20 @@ void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx) {
       [&] { detail::cpu::indexer_topk(args, p, ctx); }, [&] { detail::cuda::indexer_topk(args, p, ctx); });
 }
 
+int64_t indexer_topk_workspace_bytes(int64_t T, int64_t max_pages, int64_t states_per_page, IndexerRole role) {
+  const char* op = "indexer_topk_workspace_bytes";
+  if (T < 0) detail::bad_arg(op, "T", fmt::format("{}, expected >= 0", T));
+  if (max_pages < 0) detail::bad_arg(op, "max_pages", fmt::format("{}, expected >= 0", max_pages));
+  if (states_per_page <= 0) detail::bad_arg(op, "states_per_page", fmt::format("{}, expected > 0", states_per_page));
+  if (role != IndexerRole::kPlain && role != IndexerRole::kCandidateSource && role != IndexerRole::kCandidateConsumer)
+    detail::bad_arg(op, "role", fmt::format("unknown value {}", static_cast<int>(role)));
+  const int64_t per = detail::topk_ws_token_bytes(role, detail::topk_chunks(role, detail::topk_entry_bound(max_pages, states_per_page)));
+  int64_t bytes = 0;
+  if (__builtin_mul_overflow(T, per, &bytes))
+    detail::bad_arg(op, "T", fmt::format("{} tokens of {} bytes each overflow 64 bits", T, per));
+  return bytes;
+}
+
 bool indexer_takes_shortcut(int64_t max_seq_len_in_batch, int ratio, bool capturing_cuda_graph) {
   detail::need_ratio("indexer_takes_shortcut", ratio, ErrorCode::kInvalidArgument,
                      "the kv source's compress ratio, SPEC 1.2");

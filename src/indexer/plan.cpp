@@ -4,6 +4,8 @@
 // is written before both have passed.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <string>
@@ -240,9 +242,36 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
                    {&a.block_table, "block_table"}, {&a.topk, "topk"}, {&a.candidates, "candidates"},
                    {&a.scores, "scores"}},
                   &a.k_cache, "k_cache", true);
-  // CUDA: the scores are the kernels' workspace (the select pass reads them back): required
-  if (p.device != Device::CPU && !a.scores.present())
-    bad_arg(op, "scores", "absent, expected f32 [rows >= T, cols >= the largest n_c] on cuda: the scores' workspace");
+  if (a.group_tokens < 0 || a.group_tokens > kTopkMaxGroup)
+    bad_arg(op, "group_tokens", fmt::format("{}, expected 0 (the library's choice) .. {}", a.group_tokens, kTopkMaxGroup));
+  p.group_tokens = a.group_tokens == 0 ? 2 : a.group_tokens;
+  if (a.score_blocks_per_sm < 0 || a.score_blocks_per_sm > 2)
+    bad_arg(op, "score_blocks_per_sm", fmt::format("{}, expected 0 (the library's choice), 1 or 2", a.score_blocks_per_sm));
+  p.score_blocks_per_sm = a.score_blocks_per_sm == 0 ? 2 : a.score_blocks_per_sm;
+  if (a.role == IndexerRole::kCandidateConsumer) p.group_tokens = std::min(p.group_tokens, kTopkConsumerGroup);
+  p.ws_chunks = topk_chunks(a.role, topk_entry_bound(p.bt_cols, a.k_cache.states_per_page));
+  if (p.device != Device::CPU) {
+    // CUDA: the chunks' candidates and block scores between the scoring and the selecting kernel
+    const int64_t need = p.T * topk_ws_token_bytes(a.role, p.ws_chunks);
+    need_present(op, a.workspace, "workspace", "u8 [indexer_topk_workspace_bytes(...)] on cuda");
+    need_dtype(op, a.workspace, "workspace", DType::U8);
+    need_ndim(op, a.workspace, "workspace", 1);
+    need_contiguous(op, a.workspace, "workspace");
+    need_data(op, a.workspace, "workspace");
+    if (a.workspace.shape[0] < need)
+      bad_arg(op, "workspace",
+              fmt::format("{} bytes, expected at least indexer_topk_workspace_bytes(T = {}, max_pages = {}, S = {}, "
+                          "{}) = {}",
+                          a.workspace.shape[0], p.T, p.bt_cols, a.k_cache.states_per_page, indexer_role_name(a.role),
+                          need));
+    if (reinterpret_cast<uintptr_t>(a.workspace.data) % 16 != 0)
+      bad_arg(op, "workspace", fmt::format("address {}, expected 16-byte alignment", a.workspace.data));
+    need_device(op, a.workspace, "workspace", p.device, "positions");
+    if ((p.T + p.group_tokens - 1) / p.group_tokens > 65535)
+      bad_arg(op, "positions",
+              fmt::format("T = {} tokens in groups of {}, expected at most 65535 groups on cuda (grid.y)", p.T,
+                          p.group_tokens));
+  }
   return p;
 }
 

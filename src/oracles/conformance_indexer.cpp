@@ -231,6 +231,12 @@ FileResult run_indexer_topk(const SafetensorsFile& f, const json& j, const Optio
           stg.view(TensorView::contiguous(cand.data(), DType::I32, {T, kCandidateTopkBlocks}),
                    m.role == IndexerRole::kCandidateSource);
     if (cols > 0) ta.scores = stg.view(TensorView::contiguous(scores.data(), DType::F32, {T, cols}), true);
+    // CUDA: the top-k's caller-owned workspace (cudaMalloc'd by the staging: aligned)
+    std::vector<uint8_t> ws(opt.device == Device::CPU ? 0
+                                                      : static_cast<size_t>(indexer_topk_workspace_bytes(
+                                                            T, bt_cols, m.S, m.role)));
+    if (!ws.empty())
+      ta.workspace = stg.view(TensorView::contiguous(ws.data(), DType::U8, {static_cast<int64_t>(ws.size())}));
     try {
       indexer_prepare_q(qa, ctx);
       indexer_topk(ta, ctx);

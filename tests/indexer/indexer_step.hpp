@@ -111,9 +111,9 @@ struct IndexerStep {
 // A step of the given requests (ratio r, S states per page): every token valid except the
 // indices in `invalid`; keys with scales 2^e, e in [-8, 8]; queries of random finite codes and
 // normal weights. The cache has one spare page beyond those the block table names, and a page
-// stride 52 bytes beyond the default.
+// stride `extra_stride` (52: rows not 16-byte aligned) bytes beyond the default.
 inline IndexerStep make_step(Rng& rng, int ratio, const std::vector<RequestSpec>& reqs, int64_t S,
-                             const std::vector<int64_t>& invalid = {}) {
+                             const std::vector<int64_t>& invalid = {}, int64_t extra_stride = 52) {
   IndexerStep s;
   s.ratio = ratio;
   s.S = S;
@@ -138,7 +138,7 @@ inline IndexerStep make_step(Rng& rng, int ratio, const std::vector<RequestSpec>
   size_t next = 0;
   for (int64_t b = 0; b < s.num_reqs; ++b)
     for (int64_t j = 0; j < max_pages; ++j) s.bt[static_cast<size_t>(b * s.bt_cols + j)] = perm[next++];
-  s.page_stride = IndexerKFp8Layout::default_page_stride(S) + 52;
+  s.page_stride = IndexerKFp8Layout::default_page_stride(S) + extra_stride;
   s.kcache.assign(static_cast<size_t>(s.num_pages * s.page_stride), 0xA5);
   for (int64_t p = 0; p < s.num_pages; ++p) {
     uint8_t* page = s.kcache.data() + p * s.page_stride;

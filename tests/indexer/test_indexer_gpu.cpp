@@ -148,22 +148,32 @@ TEST_F(IndexerGpu, ShortcutMatchesCpu) {
 }  // namespace
 }  // namespace dsv41kv::test
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+
+#include "dsv41kv/numerics.hpp"
 #include "indexer/indexer_step.hpp"
 
 namespace dsv41kv::test {
 namespace {
 
-// The step's views on the device (the same shapes), run, and its outputs downloaded back.
+// The step's views on the device (the same shapes), the workspace its size helper names, run, and
+// its outputs downloaded back.
 struct DeviceStep {
-  DeviceBuffer<uint8_t> q8, kcache;
+  DeviceBuffer<uint8_t> q8, kcache, ws;
   DeviceBuffer<float> w, scores;
   DeviceBuffer<int64_t> pos;
   DeviceBuffer<int32_t> req, valid, bt, topk, cand;
-  explicit DeviceStep(const IndexerStep& s)
-      : q8(s.q8), kcache(s.kcache), w(s.w), scores(s.scores.vec()), pos(s.pos), req(s.req), valid(s.valid), bt(s.bt),
-        topk(s.topk.vec()), cand(s.cand.vec()) {}
-  IndexerTopkArgs args(IndexerStep& s, IndexerRole role) {
-    IndexerTopkArgs a = s.args(role);
+  explicit DeviceStep(const IndexerStep& s, IndexerRole role)
+      : q8(s.q8), kcache(s.kcache),
+        ws(std::vector<uint8_t>(static_cast<size_t>(indexer_topk_workspace_bytes(s.T, s.bt_cols, s.S, role)), 0xEE)),
+        w(s.w), scores(s.scores.vec()), pos(s.pos), req(s.req), valid(s.valid), bt(s.bt), topk(s.topk.vec()),
+        cand(s.cand.vec()) {}
+  IndexerTopkArgs args(IndexerStep& s, IndexerRole role, bool with_scores, int group, int blocks = 0) {
+    IndexerTopkArgs a = s.args(role, with_scores);
     a.q8 = q8.view({s.T, kIndexHeads, kIndexHeadDim});
     a.w = w.view({s.T, kIndexHeads});
     a.positions = pos.view1();
@@ -174,42 +184,253 @@ struct DeviceStep {
     a.k_cache.device = Device::CUDA;
     a.topk = topk.view({s.T + 2, kIndexTopk});
     if (role != IndexerRole::kPlain) a.candidates = cand.view({s.T + 2, kCandidateTopkBlocks});
-    a.scores = scores.view({s.T + 1, s.scores_cols});
+    if (with_scores) a.scores = scores.view({s.T + 1, s.scores_cols});
+    a.workspace = ws.view1();
+    a.group_tokens = group;
+    a.score_blocks_per_sm = blocks;
     return a;
   }
 };
 
-// The scores are bit for bit the CPU's (the same binary64 evaluation), so the top-k rows and the
-// candidate blocks are the same rows, ties included; rows past the step stay untouched.
-TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
-  for (int ratio : {1, 2}) {
-    IndexerStep s = make_step(rng(), ratio, {{16383 * ratio + ratio - 1, 3}, {700, 2}, {3000, 1}, {5, 2}}, 64 / ratio, {3});
-    for (int t = 0; t < 40; ++t) s.q8[static_cast<size_t>(t)] = 0;  // zero products: ties
-    DeviceStep src(s);
-    indexer_topk(s.args(IndexerRole::kCandidateSource));
-    indexer_topk(src.args(s, IndexerRole::kCandidateSource));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::string r = " ratio " + std::to_string(ratio);
-    EXPECT_TRUE(bits_equal(s.scores.vec(), src.scores.download(), "source scores" + r));
-    EXPECT_TRUE(bits_equal(s.topk.vec(), src.topk.download(), "source topk" + r));
-    EXPECT_TRUE(bits_equal(s.cand.vec(), src.cand.download(), "candidates" + r));
-    // a consumer with its own query, masked to the source's blocks; a plain layer
-    IndexerStep c = s;
-    for (auto& x : c.q8) x = random_e4m3(rng());
-    c.reset_outputs();
-    c.cand.vec() = s.cand.vec();
-    for (IndexerRole role : {IndexerRole::kCandidateConsumer, IndexerRole::kPlain}) {
-      IndexerStep h = c;
-      DeviceStep d(h);
-      indexer_topk(h.args(role));
-      indexer_topk(d.args(h, role));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::string what = std::string(indexer_role_name(role)) + r;
-      EXPECT_TRUE(bits_equal(h.scores.vec(), d.scores.download(), what + ": scores"));
-      EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), what + ": topk"));
-      EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), what + ": candidates untouched"));
+// SPEC 8.8's bound of |dI| for every (token, entry) of the step: 1e-5 * sum_h |w| * sum_d |q k| * sk,
+// summed as sum_d |k_d| * u_d with u_d = sum_h |w_h| |q_hd| (the same value in real arithmetic;
+// a margin of 1e-4 of it covers the host's own rounding).
+std::vector<double> tolerances(const IndexerStep& s) {
+  const int64_t cols = s.scores_cols;
+  std::vector<double> tol(static_cast<size_t>(s.T * cols), 0.0);
+  std::vector<double> u(kIndexHeadDim);
+  for (int64_t t = 0; t < s.T; ++t) {
+    std::fill(u.begin(), u.end(), 0.0);
+    for (int h = 0; h < kIndexHeads; ++h)
+      for (int d = 0; d < kIndexHeadDim; ++d)
+        u[static_cast<size_t>(d)] += std::fabs(s.w[static_cast<size_t>(t * kIndexHeads + h)]) *
+                                     std::fabs(num::e4m3_decode(s.q8[static_cast<size_t>((t * kIndexHeads + h) * kIndexHeadDim + d)]));
+    for (int64_t i = 0; i < s.nc(t) && i < cols; ++i) {
+      const uint8_t* k = s.codes(t, i);
+      double acc = 0.0;
+      for (int d = 0; d < kIndexHeadDim; ++d) acc += std::fabs(num::e4m3_decode(k[d])) * u[static_cast<size_t>(d)];
+      tol[static_cast<size_t>(t * cols + i)] = 1e-5 * acc * s.scale(t, i) * 1.0001;
     }
   }
+  return tol;
+}
+
+// A selected row (top-k or candidates) against the reference's: the same count, a strictly
+// ascending prefix then -1, and a difference of sets only among entries whose reference key lies
+// within its tolerance (plus the boundary's) of the reference boundary key.
+void expect_same_set(const int32_t* ref, const int32_t* got, int K, const std::vector<double>& key,
+                     const std::vector<double>& tol, const std::string& what) {
+  int nref = 0, ngot = 0;
+  while (nref < K && ref[nref] >= 0) ++nref;
+  while (ngot < K && got[ngot] >= 0) ++ngot;
+  ASSERT_EQ(nref, ngot) << what << ": selected count";
+  for (int j = ngot; j < K; ++j) ASSERT_EQ(got[j], -1) << what << ": position " << j << " after the prefix";
+  for (int j = 1; j < ngot; ++j) ASSERT_LT(got[j - 1], got[j]) << what << ": prefix not strictly ascending at " << j;
+  for (int j = 0; j < ngot; ++j)
+    ASSERT_TRUE(got[j] >= 0 && static_cast<size_t>(got[j]) < key.size()) << what << ": entry " << got[j];
+  double bmin = std::numeric_limits<double>::infinity(), btol = 0.0;  // the reference's lowest selected key
+  for (int j = 0; j < nref; ++j)
+    if (key[static_cast<size_t>(ref[j])] < bmin) {
+      bmin = key[static_cast<size_t>(ref[j])];
+      btol = tol[static_cast<size_t>(ref[j])];
+    }
+  std::vector<int32_t> a(ref, ref + nref), b(got, got + ngot), diff;
+  std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(diff));
+  for (int32_t e : diff) {
+    const double k = key[static_cast<size_t>(e)], tl = tol[static_cast<size_t>(e)];
+    EXPECT_TRUE(std::fabs(k - bmin) <= tl + btol)
+        << what << ": entry " << e << " (reference key " << k << ") differs from the reference selection, boundary "
+        << bmin << ", tolerance " << tl + btol;
+  }
+}
+
+struct TopkCase {
+  IndexerRole role = IndexerRole::kPlain;
+  bool with_scores = true;
+  int group = 0;
+  int blocks = 0;  // score_blocks_per_sm
+};
+
+// The CPU's outputs of a step for a role (with scores): the reference of check_topk.
+IndexerStep cpu_reference(const IndexerStep& step, IndexerRole role) {
+  IndexerStep h = step;
+  indexer_topk(h.args(role, true));
+  return h;
+}
+
+// Runs the step on CUDA and compares with the CPU's outputs `h` (cpu_reference) within the
+// tolerances `tol`: scores within SPEC 8.8 (the same -inf), top-k and candidates as sets with the
+// boundary rule, and every row past the step (and the candidates of a role that does not write
+// them) untouched.
+void check_topk(const IndexerStep& step, const IndexerStep& h, const std::vector<double>& tol, const TopkCase& c,
+                const std::string& what) {
+  IndexerStep fresh = step;
+  DeviceStep d(fresh, c.role);
+  indexer_topk(d.args(fresh, c.role, c.with_scores, c.group, c.blocks));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  const std::vector<float> scores = d.scores.download();
+  const std::vector<int32_t> topk = d.topk.download(), cand = d.cand.download();
+  const int64_t cols = h.scores_cols;
+  if (c.with_scores) {
+    int bad = 0;
+    for (int64_t t = 0; t < h.T; ++t)
+      for (int64_t i = 0; i < cols; ++i) {
+        const float r = h.scores[static_cast<size_t>(t * cols + i)], g = scores[static_cast<size_t>(t * cols + i)];
+        const bool ok = std::isfinite(r) ? std::fabs(static_cast<double>(g) - r) <= tol[static_cast<size_t>(t * cols + i)]
+                                         : (std::isnan(r) ? std::isnan(g) : g == r);
+        if (!ok && ++bad <= 5) ADD_FAILURE() << what << ": scores[" << t << "][" << i << "] = " << g << ", CPU " << r;
+      }
+    EXPECT_EQ(bad, 0) << what << ": scores outside SPEC 8.8";
+    for (size_t i = static_cast<size_t>(h.T * cols); i < scores.size(); ++i)
+      ASSERT_TRUE(std::isnan(scores[i])) << what << ": scores row past T written";
+  } else {
+    EXPECT_TRUE(bits_equal(step.scores.vec(), scores, what + ": scores absent, untouched"));
+  }
+  for (int64_t t = 0; t < h.T; ++t) {
+    const std::string row = what + " token " + std::to_string(t);
+    std::vector<double> key(static_cast<size_t>(cols)), tl(static_cast<size_t>(cols));
+    for (int64_t i = 0; i < cols; ++i) {
+      key[static_cast<size_t>(i)] = h.scores[static_cast<size_t>(t * cols + i)];
+      tl[static_cast<size_t>(i)] = tol[static_cast<size_t>(t * cols + i)];
+    }
+    expect_same_set(h.topk_row(t), topk.data() + t * kIndexTopk, kIndexTopk, key, tl, row + " topk");
+    if (c.role == IndexerRole::kCandidateSource) {
+      const int64_t nc = h.nc(t), nb = (nc + kCandidateBlockSize - 1) / kCandidateBlockSize;
+      std::vector<double> bk(static_cast<size_t>(std::max<int64_t>(nb, 1)), -INFINITY), bt(bk.size(), 0.0);
+      for (int64_t i = 0; i < nc; ++i) {
+        const size_t b = static_cast<size_t>(i / kCandidateBlockSize);
+        bk[b] = std::max(bk[b], key[static_cast<size_t>(i)]);
+        bt[b] = std::max(bt[b], tl[static_cast<size_t>(i)]);
+      }
+      if (nb > 0) bk[static_cast<size_t>(nb - 1)] = INFINITY;
+      expect_same_set(h.cand.data() + t * kCandidateTopkBlocks, cand.data() + t * kCandidateTopkBlocks, kCandidateTopkBlocks, bk, bt,
+                      row + " candidates");
+    }
+  }
+  for (size_t i = static_cast<size_t>(h.T * kIndexTopk); i < topk.size(); ++i)
+    ASSERT_EQ(topk[i], kIndexCanary) << what << ": topk row past T written";
+  if (c.role == IndexerRole::kCandidateSource) {
+    for (size_t i = static_cast<size_t>(h.T * kCandidateTopkBlocks); i < cand.size(); ++i)
+      ASSERT_EQ(cand[i], kIndexCanary) << what << ": candidates row past T written";
+  } else {
+    EXPECT_TRUE(bits_equal(step.cand.vec(), cand, what + ": candidates untouched"));
+  }
+}
+
+const char* role_tag(IndexerRole r) { return indexer_role_name(r); }
+
+// The consumer's candidates: the CPU source's rows of the same step (its own queries).
+IndexerStep with_source_candidates(const IndexerStep& s, Rng& rng) {
+  IndexerStep src = s;
+  indexer_topk(src.args(IndexerRole::kCandidateSource));
+  IndexerStep c = s;
+  for (auto& x : c.q8) x = random_e4m3(rng);
+  c.reset_outputs();
+  c.cand.vec() = src.cand.vec();
+  return c;
+}
+
+// Every role, both ratios, around the 512 boundary and past 16K entries (where the candidates
+// matter), decode rows of 1, 2 and 6 tokens per request, a prefill run, invalid tokens, with and
+// without the scores output, several group sizes, aligned and unaligned key rows.
+TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
+  for (int ratio : {1, 2}) {
+    // n_c 511; 512, 512 + (ratio 1); 513..; 20000..; around 16384; a prefill run; tiny
+    const std::vector<RequestSpec> reqs = {{511 * ratio - 1, 1},          {512 * ratio - 1, 2},
+                                           {513 * ratio - 1, 6},          {20000 * ratio, 2},
+                                           {16384 * ratio - 3, 3},        {3000, 16},
+                                           {5, 2}};
+    for (int64_t extra : {int64_t{52}, int64_t{0}}) {
+      IndexerStep s = make_step(rng(), ratio, reqs, 64 / ratio, {3, 20}, extra);
+      for (int t = 0; t < 40; ++t) s.q8[static_cast<size_t>(t)] = 0;  // zero products
+      const IndexerStep cons = with_source_candidates(s, rng());
+      const std::vector<double> tol = tolerances(s), tol_cons = tolerances(cons);
+      for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource, IndexerRole::kCandidateConsumer}) {
+        const bool is_cons = role == IndexerRole::kCandidateConsumer;
+        const IndexerStep& step = is_cons ? cons : s;
+        const IndexerStep ref = cpu_reference(step, role);
+        for (bool sc : {true, false})
+          for (int group : {0, 1, 6, 8}) {
+            if (!sc && group != 0) continue;
+            const std::string what = std::string(role_tag(role)) + " r" + std::to_string(ratio) + " stride+" +
+                                     std::to_string(extra) + (sc ? " scores" : " no scores") + " group " +
+                                     std::to_string(group);
+            check_topk(step, ref, is_cons ? tol_cons : tol, {role, sc, group}, what);
+          }
+        check_topk(step, ref, is_cons ? tol_cons : tol, {role, true, 0, 1},
+                   std::string(role_tag(role)) + " r" + std::to_string(ratio) + " one block per SM");
+      }
+    }
+  }
+}
+
+// Ties at the selection boundary: every key of the request the same record, so every visible
+// score is the same value on each backend, and SPEC 8.5's rule takes the lowest entries (and
+// 8.7's the lowest blocks besides the newest): the rows must equal the CPU's exactly.
+TEST_F(IndexerGpu, TopkTiesTakeTheLowestEntries) {
+  IndexerStep s = make_step(rng(), 1, {{20000, 2}, {700, 1}}, 64, {}, 0);
+  const uint8_t* first = s.kcache.data() + int64_t{s.bt[0]} * s.page_stride;
+  std::vector<uint8_t> rec(first, first + kIndexHeadDim);
+  float sc0;
+  std::memcpy(&sc0, first + IndexerKFp8Layout::scale_offset(s.S, 0), 4);
+  for (int64_t p = 0; p < s.num_pages; ++p) {
+    uint8_t* page = s.kcache.data() + p * s.page_stride;
+    for (int64_t r = 0; r < s.S; ++r) {
+      std::memcpy(page + r * kIndexHeadDim, rec.data(), kIndexHeadDim);
+      std::memcpy(page + IndexerKFp8Layout::scale_offset(s.S, r), &sc0, 4);
+    }
+  }
+  for (auto& x : s.w) x = std::fabs(x) + 1e-3f;  // a positive score unless every D is <= 0
+  for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource}) {
+    IndexerStep h = s;
+    DeviceStep d(h, role);
+    indexer_topk(h.args(role));
+    indexer_topk(d.args(h, role, false, 0));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), std::string(role_tag(role)) + ": tied topk"));
+    EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), std::string(role_tag(role)) + ": tied candidates"));
+  }
+}
+
+// A request of 256K entries (ratio 1 and 2): 64 chunks of the workspace, 2 decode tokens and, for
+// the source, 32768 blocks of which 2048 are kept; then a consumer of those blocks.
+TEST_F(IndexerGpu, TopkLongContext) {
+  for (int ratio : {1, 2}) {
+    const int64_t n = int64_t{262144};
+    IndexerStep s = make_step(rng(), ratio, {{n * ratio - 2 + ratio - 1, 2}}, 64, {}, 0);
+    check_topk(s, cpu_reference(s, IndexerRole::kCandidateSource), tolerances(s),
+               {IndexerRole::kCandidateSource, false, 0}, "256K source r" + std::to_string(ratio));
+    const IndexerStep c = with_source_candidates(s, rng());
+    check_topk(c, cpu_reference(c, IndexerRole::kCandidateConsumer), tolerances(c),
+               {IndexerRole::kCandidateConsumer, true, 0}, "256K consumer r" + std::to_string(ratio));
+  }
+}
+
+// The workspace is checked before anything is written: absent, too small, misaligned.
+TEST_F(IndexerGpu, TopkWorkspaceValidation) {
+  IndexerStep s = make_step(rng(), 1, {{3000, 2}}, 64);
+  DeviceStep d(s, IndexerRole::kPlain);
+  IndexerTopkArgs a = d.args(s, IndexerRole::kPlain, true, 0);
+  const int64_t need = indexer_topk_workspace_bytes(s.T, s.bt_cols, s.S, IndexerRole::kPlain);
+  IndexerTopkArgs none = a;
+  none.workspace = TensorView();
+  EXPECT_THROW(indexer_topk(none), Error);
+  IndexerTopkArgs small = a;
+  small.workspace = d.ws.view({need - 1});
+  EXPECT_THROW(indexer_topk(small), Error);
+  IndexerTopkArgs odd = a;
+  odd.workspace = TensorView::contiguous(static_cast<uint8_t*>(a.workspace.data) + 4, DType::U8, {need},
+                                         Device::CUDA);  // inside the buffer's 16 bytes of slack
+  EXPECT_THROW(indexer_topk(odd), Error);
+  IndexerTopkArgs group = a;
+  group.group_tokens = 9;
+  EXPECT_THROW(indexer_topk(group), Error);
+  IndexerTopkArgs blocks = a;
+  blocks.score_blocks_per_sm = 3;
+  EXPECT_THROW(indexer_topk(blocks), Error);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_TRUE(d.topk.download() == s.topk.vec());
+  EXPECT_TRUE(bits_equal(s.scores.vec(), d.scores.download(), "scores untouched"));
 }
 
 }  // namespace

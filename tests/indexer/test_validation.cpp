@@ -238,8 +238,8 @@ TEST(IndexerValidation, Topk) {
                                &a.candidates, &a.scores})
            v->device = Device::CUDA;
          a.k_cache.device = Device::CUDA;
-         if (built_with_cuda()) a.scores = TensorView{};  // valid device views would be dispatched: refused first
-       }, built_with_cuda() ? "indexer_topk: scores: absent, expected f32 [rows >= T, cols >= the largest n_c] on cuda"
+         // valid device views would be dispatched: refused first (no workspace)
+       }, built_with_cuda() ? "indexer_topk: workspace: absent, expected u8 [indexer_topk_workspace_bytes(...)] on cuda"
                             : "indexer_topk: the views are on cuda, but dsv41kv was built without CUDA"},
   };
   std::vector<int32_t> cand;
@@ -311,6 +311,21 @@ TEST(IndexerValidation, Shortcut) {
 
   expect_error([] { indexer_takes_shortcut(-1, 1); }, E8, "indexer_takes_shortcut: max_seq_len_in_batch: -1, expected >= 0");
   expect_error([] { indexer_takes_shortcut(10, 0); }, E8, "indexer_takes_shortcut: ratio = 0, expected 1 or 2");
+}
+
+// The CUDA top-k's workspace: per token 4 KiB per 4096-entry chunk of the block table's width
+// (a source 6 KiB; a consumer 8 chunks whatever the width, and its union's chunk count).
+TEST(IndexerValidation, TopkWorkspaceBytes) {
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kPlain), 3 * 2 * 4096);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 64, 64, IndexerRole::kPlain), 3 * 1 * 4096);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kCandidateSource), 3 * 2 * 6144);
+  EXPECT_EQ(indexer_topk_workspace_bytes(3, 100, 64, IndexerRole::kCandidateConsumer), 3 * (8 * 4096 + 4));
+  EXPECT_EQ(indexer_topk_workspace_bytes(0, 100, 64, IndexerRole::kPlain), 0);
+  EXPECT_EQ(indexer_topk_workspace_bytes(1, int64_t{1} << 40, 64, IndexerRole::kPlain), (int64_t{1} << 31) / 4096 * 4096);
+  expect_error([] { indexer_topk_workspace_bytes(-1, 1, 64, IndexerRole::kPlain); }, E8,
+               "indexer_topk_workspace_bytes: T: -1, expected >= 0");
+  expect_error([] { indexer_topk_workspace_bytes(1, 1, 0, IndexerRole::kPlain); }, E8,
+               "indexer_topk_workspace_bytes: states_per_page: 0, expected > 0");
 }
 
 }  // namespace
