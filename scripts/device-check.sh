@@ -29,7 +29,16 @@
 #             machine has no ../shared, the bench's default; without it the vLLM columns are left
 #             out); then dsv41kv-access-ceiling, default and --inputs all (access-ceiling.txt: the
 #             256K ratio-1 traffic without arithmetic)
-# Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
+#   bench-read  dsv41kv bench --device cuda --read --json, one command per op (the indexer one per
+#             n_c) each under its own time limit (DSV41KV_READ_TIMEOUT, default 240 s), the JSONs
+#             merged into bench-read.json (+ bench-read.txt, a table)
+#   peer      FlashMLA's Hopper build side by side (needs .peers/flashmla.tar.gz, carried, from
+#             scripts/peer-flashmla.sh prepare): builds it (peer-build.log), runs
+#             bench/peers/flashmla_sparse.py (peer-flashmla.json), our decode and prefill lines
+#             (bench-read.json of this run when the bench-read stage ran, else their own run),
+#             and joins both (peer.txt, peer-joined.json)
+# Not in the default set: bench-read, peer.
+# Usage: scripts/device-check.sh [build] [test] [sanitize] [bench] [bench-read] [peer]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
 #
@@ -45,6 +54,9 @@
 #   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry
 #                           (bench-prefill256k-warps4.json, bench-decode256-warps1.json)
 #   DSV41KV_JOBS            build parallelism (default nproc)
+#   DSV41KV_READ_TIMEOUT    seconds per read-bench command (default 240)
+#   DSV41KV_CUTLASS_INCLUDE_DIR  CUTLASS/CuTe 4.x headers (default: .devdeps/cutlass/include, unpacked
+#                           from .devdeps/cutlass-include.tar.gz of scripts/make-devdeps.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./device-out}
@@ -60,6 +72,15 @@ if [ -z "${DSV41KV_CONFORMANCE_DIR:-}" ] && [ -d .devdeps/conformance ]; then
 fi
 if [ -z "${DSV41KV_CMAKE_ARGS:-}" ] && [ -d .devdeps/prefix ]; then
   DSV41KV_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix"
+fi
+# the CUTLASS/CuTe headers packed by make-devdeps.sh (optional: without them the build still works)
+if [ -z "${DSV41KV_CUTLASS_INCLUDE_DIR:-}" ] && [ -f .devdeps/cutlass-include.tar.gz ]; then
+  if [ ! -f .devdeps/cutlass/include/cute/tensor.hpp ]; then
+    mkdir -p .devdeps/cutlass/include
+    tar xzf .devdeps/cutlass-include.tar.gz -C .devdeps/cutlass/include \
+      || echo "device-check: could not unpack .devdeps/cutlass-include.tar.gz: building without CUTLASS" >&2
+  fi
+  [ -f .devdeps/cutlass/include/cute/tensor.hpp ] && DSV41KV_CUTLASS_INCLUDE_DIR=$PWD/.devdeps/cutlass/include
 fi
 if [ -d .devdeps/prefix/lib/x86_64-linux-gnu ]; then
   export LD_LIBRARY_PATH=$PWD/.devdeps/prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -84,7 +105,9 @@ stage_build() {
   { nvidia-smi; nvcc --version; cmake --version; ninja --version; } > "$OUT/env.txt" 2>&1
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV41KV_CUDA=ON -DDSV41KV_BENCH=OFF \
-    ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+    ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CUTLASS_INCLUDE_DIR:+-DDSV41KV_CUTLASS_INCLUDE_DIR="$DSV41KV_CUTLASS_INCLUDE_DIR"} \
+    ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+  grep -E "CUTLASS/CuTe" "$OUT/configure.log" >> "$OUT/env.txt" || true
   ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli dsv41kv_access_ceiling test_gpu > "$OUT/build.log" 2>&1
   local rc=$?
   grep -E "warning|error" "$OUT/build.log" | grep -v "^ninja" | head -50 > "$OUT/build-warnings.txt"
@@ -210,6 +233,75 @@ PY
   return $rc
 }
 
+# The read-path bench, one command per op (the indexer per n_c) so that one slow or failing line
+# cannot take the others with it; the JSONs merged into $OUT/bench-read.json.
+stage_bench_read() {
+  [ -x "$BUILD/dsv41kv" ] || { echo "bench-read: no $BUILD/dsv41kv (run the build stage)" >&2; return 1; }
+  local rc=0 parts=() name
+  : > "$OUT/bench-read.err"
+  for part in "decode:--op decode" "indexer-4k:--op indexer --nc 4096" "indexer-64k:--op indexer --nc 65536" \
+    "indexer-128k:--op indexer --nc 131072" "indexer-1m:--op indexer --nc 1048576" "prefill:--op prefill"; do
+    name=${part%%:*}
+    # shellcheck disable=SC2086
+    timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" ${part#*:} \
+      > "$OUT/bench-read-$name.json" 2>> "$OUT/bench-read.err"
+    local r=$?
+    note "  bench-read $name rc=$r"
+    [ $r -ne 0 ] && rc=1
+    [ -s "$OUT/bench-read-$name.json" ] && parts+=("$OUT/bench-read-$name.json")
+  done
+  [ ${#parts[@]} -gt 0 ] || return 1
+  python3 - "$OUT/bench-read.json" "${parts[@]}" > "$OUT/bench-read.txt" <<'PY' || rc=1
+import json, sys
+docs = []
+for f in sys.argv[2:]:
+    try:
+        docs.append(json.load(open(f)))
+    except ValueError as e:
+        print(f"{f}: not JSON ({e})")
+merged = dict(docs[0], rows=[r for d in docs for r in d["rows"]], total_wrong=sum(d["total_wrong"] for d in docs))
+json.dump(merged, open(sys.argv[1], "w"), indent=1)
+print(f"device {merged['device']}  copy {merged['copy_GBps']:.0f} GB/s")
+print(f"{'op':<8}{'h':>4}{'keys':>10} {'record':<10}{'role':<19}{'batch':>6}{'us':>11}{'TFLOPS':>8}{'GB/s':>8}{'copy%':>7}{'wrong':>7}{'iters':>6}")
+for r in merged["rows"]:
+    keys = f"{r['swa_keys']}+{r['cmp_keys']}" if r["op"] == "decode" else (f"{r['n_c'] // 1024}K" if r["op"] == "indexer" else f"{r['cmp_keys']}x{r['tokens'] // 1024}K")
+    print(f"{r['op']:<8}{r['heads']:>4}{keys:>10} {r['record']:<10}{r['role'] or '-':<19}{r['batch']:>6}{r['us']:>11.1f}"
+          f"{r['TFLOPS']:>8.1f}{r['GBps']:>8.0f}{100 * r['copy_fraction']:>6.1f}%{r['wrong']:>7}{r['iters']:>6}")
+PY
+  return $rc
+}
+
+# FlashMLA side by side: build it, run its harness and (unless this run has it) our decode and
+# prefill lines, join both.
+stage_peer() {
+  local rc=0 dir
+  dir=$(OUT="$OUT" scripts/peer-flashmla.sh build 2>> "$OUT/peer.err") || { echo "peer: FlashMLA build failed ($OUT/peer.err, $OUT/peer-build.log)" >&2; return 1; }
+  grep "peer-flashmla build" "$OUT/peer.err" | tail -1 | tee -a "$summary"
+  timeout "${DSV41KV_READ_TIMEOUT:-240}" python3 bench/peers/flashmla_sparse.py --flashmla "$dir" --iters "$ITERS" \
+    > "$OUT/peer-flashmla.json" 2>> "$OUT/peer.err" || rc=1
+  local ours="$OUT/bench-read.json"
+  if [ ! -s "$ours" ]; then
+    ours="$OUT/peer-ours.json"
+    { timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" --op decode \
+        > "$OUT/peer-ours-decode.json" &&
+      timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" --op prefill \
+        > "$OUT/peer-ours-prefill.json"; } 2>> "$OUT/peer.err" || rc=1
+    python3 -c "
+import json, sys
+d = [json.load(open(f)) for f in sys.argv[2:]]
+json.dump(dict(d[0], rows=[r for x in d for r in x['rows']], total_wrong=sum(x['total_wrong'] for x in d)), open(sys.argv[1], 'w'))
+" "$ours" "$OUT/peer-ours-decode.json" "$OUT/peer-ours-prefill.json" 2>> "$OUT/peer.err" || rc=1
+  fi
+  if [ -s "$ours" ] && [ -s "$OUT/peer-flashmla.json" ]; then
+    python3 bench/peers/join_read.py "$ours" "$OUT/peer-flashmla.json" --json "$OUT/peer-joined.json" > "$OUT/peer.txt" \
+      2>> "$OUT/peer.err" || rc=1
+  else
+    echo "peer: nothing to join (ours: $ours, FlashMLA: $OUT/peer-flashmla.json; see $OUT/peer.err)" >&2
+    rc=1
+  fi
+  return $rc
+}
+
 : > "$summary"
 for s in "${stages[@]}"; do
   case "$s" in
@@ -217,12 +309,16 @@ for s in "${stages[@]}"; do
     test) run_stage test stage_test ;;
     sanitize) run_stage sanitize stage_sanitize ;;
     bench) run_stage bench stage_bench ;;
-    *) echo "unknown stage '$s' (build test sanitize bench)" >&2; exit 2 ;;
+    bench-read) run_stage bench-read stage_bench_read ;;
+    peer) run_stage peer stage_peer ;;
+    *) echo "unknown stage '$s' (build test sanitize bench bench-read peer)" >&2; exit 2 ;;
   esac
 done
 [ -f "$OUT/test_gpu-summary.txt" ] && tail -25 "$OUT/test_gpu-summary.txt"
 [ -f "$OUT/sanitizer-summary.txt" ] && cat "$OUT/sanitizer-summary.txt"
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
 [ -f "$OUT/access-ceiling.txt" ] && cat "$OUT/access-ceiling.txt"
+[ -f "$OUT/bench-read.txt" ] && cat "$OUT/bench-read.txt"
+[ -f "$OUT/peer.txt" ] && cat "$OUT/peer.txt"
 cat "$summary"
 exit $status

@@ -60,7 +60,8 @@ build() {
   rm -rf "$dir"
   mkdir -p "$dir"
   tar xzf "$tarball" -C "$dir"
-  local t0=$(date +%s) rc=0
+  local t0 rc=0
+  t0=$(date +%s)
   # CUDA 13 moved CCCL (cub, thrust, cuda/std) under include/cccl
   (cd "$dir/FlashMLA" && CUDA_HOME="$cuda" FLASH_MLA_DISABLE_SM100=1 \
      CPLUS_INCLUDE_PATH="$cuda/include/cccl${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}" \
