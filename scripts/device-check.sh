@@ -234,10 +234,10 @@ PY
 }
 
 # The read-path bench, one command per op (the indexer per n_c) so that one slow or failing line
-# cannot take the others with it; the JSONs merged into $OUT/bench-read.json.
+# cannot take the others with it; the JSONs merged into $OUT/bench-read.json (bench/peers/merge_read.py).
 stage_bench_read() {
   [ -x "$BUILD/dsv41kv" ] || { echo "bench-read: no $BUILD/dsv41kv (run the build stage)" >&2; return 1; }
-  local rc=0 parts=() name
+  local rc=0 parts=() name part r
   : > "$OUT/bench-read.err"
   for part in "decode:--op decode" "indexer-4k:--op indexer --nc 4096" "indexer-64k:--op indexer --nc 65536" \
     "indexer-128k:--op indexer --nc 131072" "indexer-1m:--op indexer --nc 1048576" "prefill:--op prefill"; do
@@ -245,52 +245,46 @@ stage_bench_read() {
     # shellcheck disable=SC2086
     timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" ${part#*:} \
       > "$OUT/bench-read-$name.json" 2>> "$OUT/bench-read.err"
-    local r=$?
+    r=$?
     note "  bench-read $name rc=$r"
     [ $r -ne 0 ] && rc=1
-    [ -s "$OUT/bench-read-$name.json" ] && parts+=("$OUT/bench-read-$name.json")
+    parts+=("$OUT/bench-read-$name.json")
   done
-  [ ${#parts[@]} -gt 0 ] || return 1
-  python3 - "$OUT/bench-read.json" "${parts[@]}" > "$OUT/bench-read.txt" <<'PY' || rc=1
-import json, sys
-docs = []
-for f in sys.argv[2:]:
-    try:
-        docs.append(json.load(open(f)))
-    except ValueError as e:
-        print(f"{f}: not JSON ({e})")
-merged = dict(docs[0], rows=[r for d in docs for r in d["rows"]], total_wrong=sum(d["total_wrong"] for d in docs))
-json.dump(merged, open(sys.argv[1], "w"), indent=1)
-print(f"device {merged['device']}  copy {merged['copy_GBps']:.0f} GB/s")
-print(f"{'op':<8}{'h':>4}{'keys':>10} {'record':<10}{'role':<19}{'batch':>6}{'us':>11}{'TFLOPS':>8}{'GB/s':>8}{'copy%':>7}{'wrong':>7}{'iters':>6}")
-for r in merged["rows"]:
-    keys = f"{r['swa_keys']}+{r['cmp_keys']}" if r["op"] == "decode" else (f"{r['n_c'] // 1024}K" if r["op"] == "indexer" else f"{r['cmp_keys']}x{r['tokens'] // 1024}K")
-    print(f"{r['op']:<8}{r['heads']:>4}{keys:>10} {r['record']:<10}{r['role'] or '-':<19}{r['batch']:>6}{r['us']:>11.1f}"
-          f"{r['TFLOPS']:>8.1f}{r['GBps']:>8.0f}{100 * r['copy_fraction']:>6.1f}%{r['wrong']:>7}{r['iters']:>6}")
-PY
+  python3 bench/peers/merge_read.py "$OUT/bench-read.json" "${parts[@]}" --table > "$OUT/bench-read.txt" \
+    2>> "$OUT/bench-read.err" || rc=1
   return $rc
 }
 
-# FlashMLA side by side: build it, run its harness and (unless this run has it) our decode and
-# prefill lines, join both.
+# FlashMLA side by side: build it, run its harness one op (prefill: one size) per process, run our
+# decode and prefill lines unless this run's bench-read stage has them, join both.
 stage_peer() {
-  local rc=0 dir
-  dir=$(OUT="$OUT" scripts/peer-flashmla.sh build 2>> "$OUT/peer.err") || { echo "peer: FlashMLA build failed ($OUT/peer.err, $OUT/peer-build.log)" >&2; return 1; }
-  grep "peer-flashmla build" "$OUT/peer.err" | tail -1 | tee -a "$summary"
-  timeout "${DSV41KV_READ_TIMEOUT:-240}" python3 bench/peers/flashmla_sparse.py --flashmla "$dir" --iters "$ITERS" \
-    > "$OUT/peer-flashmla.json" 2>> "$OUT/peer.err" || rc=1
-  local ours="$OUT/bench-read.json"
+  local rc=0 dir part name r fm=() ours="$OUT/bench-read.json"
+  : > "$OUT/peer.err"
+  dir=$(OUT="$OUT" scripts/peer-flashmla.sh build 2>> "$OUT/peer.err") \
+    || { echo "peer: FlashMLA build failed ($OUT/peer.err, $OUT/peer-build.log)" >&2; return 1; }
+  note "  $(grep "peer-flashmla build" "$OUT/peer.err" | tail -1)"
+  for part in "decode:--op decode" "prefill-32k:--op prefill --tokens 32768" "prefill-128k:--op prefill --tokens 131072"; do
+    name=${part%%:*}
+    # shellcheck disable=SC2086
+    timeout "${DSV41KV_READ_TIMEOUT:-240}" python3 bench/peers/flashmla_sparse.py --flashmla "$dir" --iters "$ITERS" \
+      ${part#*:} > "$OUT/peer-flashmla-$name.json" 2>> "$OUT/peer.err"
+    r=$?
+    note "  peer flashmla $name rc=$r"
+    [ $r -ne 0 ] && rc=1
+    fm+=("$OUT/peer-flashmla-$name.json")
+  done
+  python3 bench/peers/merge_read.py "$OUT/peer-flashmla.json" "${fm[@]}" 2>> "$OUT/peer.err" || rc=1
   if [ ! -s "$ours" ]; then
     ours="$OUT/peer-ours.json"
-    { timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" --op decode \
-        > "$OUT/peer-ours-decode.json" &&
-      timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" --op prefill \
-        > "$OUT/peer-ours-prefill.json"; } 2>> "$OUT/peer.err" || rc=1
-    python3 -c "
-import json, sys
-d = [json.load(open(f)) for f in sys.argv[2:]]
-json.dump(dict(d[0], rows=[r for x in d for r in x['rows']], total_wrong=sum(x['total_wrong'] for x in d)), open(sys.argv[1], 'w'))
-" "$ours" "$OUT/peer-ours-decode.json" "$OUT/peer-ours-prefill.json" 2>> "$OUT/peer.err" || rc=1
+    for name in decode prefill; do
+      timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" \
+        --op "$name" > "$OUT/peer-ours-$name.json" 2>> "$OUT/peer.err"
+      r=$?
+      note "  peer dsv41kv $name rc=$r"
+      [ $r -ne 0 ] && rc=1
+    done
+    python3 bench/peers/merge_read.py "$ours" "$OUT/peer-ours-decode.json" "$OUT/peer-ours-prefill.json" \
+      2>> "$OUT/peer.err" || rc=1
   fi
   if [ -s "$ours" ] && [ -s "$OUT/peer-flashmla.json" ]; then
     python3 bench/peers/join_read.py "$ours" "$OUT/peer-flashmla.json" --json "$OUT/peer-joined.json" > "$OUT/peer.txt" \

@@ -30,7 +30,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 
 DECODE_BATCHES = [2, 64, 128, 148, 256]
@@ -105,13 +104,13 @@ def sample_requests(batch, n):
     return s
 
 
-def row(op, heads, batch, tokens, swa_keys, cmp_keys, n_c, ms, flops, nbytes, copy_gbps, wrong, checked):
+def row(op, heads, batch, tokens, swa_keys, cmp_keys, n_c, ms, flops, nbytes, copy_gbps, wrong, checked, iters):
     s = ms * 1e-3
     return {"op": op, "heads": heads, "s_q": S_Q, "batch": batch, "tokens": tokens, "swa_keys": swa_keys,
             "cmp_keys": cmp_keys, "record": "v4_584" if op == "decode" else "bf16",
             "swa_record": "v4_584" if op == "decode" else "", "role": "", "n_c": n_c, "ms": ms, "us": ms * 1e3,
             "flops": flops, "bytes": nbytes, "TFLOPS": flops / s / 1e12, "GBps": nbytes / s / 1e9,
-            "copy_fraction": nbytes / s / 1e9 / copy_gbps, "wrong": wrong, "checked": checked}
+            "copy_fraction": nbytes / s / 1e9 / copy_gbps, "wrong": wrong, "checked": checked, "iters": iters}
 
 
 class Timer:
@@ -133,7 +132,8 @@ class Timer:
             fn()
             b.record()
         torch.cuda.synchronize()
-        return statistics.median_low([a.elapsed_time(b) for a, b in ev])
+        # the element dsv41kv's median() takes: index n / 2 of the sorted times
+        return sorted(a.elapsed_time(b) for a, b in ev)[n // 2]
 
     def copy_gbps(self):
         torch = self.torch
@@ -212,7 +212,7 @@ def run_decode(torch, flash_mla, quant, timer, a, heads, cmp_keys, batch, copy_g
     ms = timer.time(call)
     nbytes = unique * RECORD_BYTES + 2 * T * heads * D_QK + 2 * T * heads * D_V
     return row("decode", heads, batch, T, SWA_KEYS, cmp_keys, 0, ms, attention_flops(heads, T, SWA_KEYS + cmp_keys),
-               nbytes, copy_gbps, wrong, checked)
+               nbytes, copy_gbps, wrong, checked, a.iters)
 
 
 def run_prefill(torch, flash_mla, timer, a, tokens, copy_gbps):
@@ -241,7 +241,8 @@ def run_prefill(torch, flash_mla, timer, a, tokens, copy_gbps):
     del out
     ms = timer.time(call)
     nbytes = tokens * K * D_QK * 2 + tokens * H * (D_QK + D_V) * 2
-    return row("prefill", H, 1, tokens, 0, K, S, ms, attention_flops(H, tokens, K), nbytes, copy_gbps, wrong, checked)
+    return row("prefill", H, 1, tokens, 0, K, S, ms, attention_flops(H, tokens, K), nbytes, copy_gbps, wrong, checked,
+               a.iters)
 
 
 def main(argv=None):
