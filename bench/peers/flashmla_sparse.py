@@ -150,10 +150,11 @@ def shuffled_pages(torch, gen, batch, per_req):
 
 
 def model1_cache(torch, quant, num_blocks, block_size, gen):
-    """A MODEL1 FP8 sparse cache (num_blocks, block_size, 1, 584) from random bf16 keys, through
-    FlashMLA's own quantizer (tests/quant.py: the layout's definition), and its dequantized keys."""
-    k = (torch.randn((num_blocks, block_size, 1, D_QK), generator=gen, dtype=torch.float32) / 10).clamp_(-1, 1)
-    k = k.to(torch.bfloat16).cuda()
+    """A MODEL1 FP8 sparse cache (num_blocks, block_size, 1, 584) from random bf16 keys (`gen`: a
+    CUDA generator), through FlashMLA's own quantizer (tests/quant.py: the layout's definition),
+    and its dequantized keys."""
+    k = torch.randn((num_blocks, block_size, 1, D_QK), generator=gen, dtype=torch.float32, device="cuda")
+    k = (k / 10).clamp_(-1, 1).to(torch.bfloat16)
     q = quant.quantize_k_cache(k, quant.FP8KVCacheLayout.MODEL1_FP8Sparse)
     deq = quant.dequantize_k_cache(q, quant.FP8KVCacheLayout.MODEL1_FP8Sparse).view(-1, D_QK).float()
     return q, deq
@@ -175,11 +176,12 @@ def count_wrong(torch, out, ref):
 
 
 def run_decode(torch, flash_mla, quant, timer, a, heads, cmp_keys, batch, copy_gbps):
-    gen = torch.Generator().manual_seed(a.seed + batch * 7 + heads + cmp_keys)
+    seed = a.seed + batch * 7 + heads + cmp_keys
+    gen, dgen = torch.Generator().manual_seed(seed), torch.Generator(device="cuda").manual_seed(seed)
     T = batch * S_Q
     swa_per, cmp_per = SWA_SLOTS_PER_REQ // SWA_BLOCK, CMP_ENTRIES_PER_REQ // CMP_BLOCK
-    swa_cache, swa_keys = model1_cache(torch, quant, batch * swa_per, SWA_BLOCK, gen)
-    cmp_cache, cmp_keys_deq = model1_cache(torch, quant, batch * cmp_per, CMP_BLOCK, gen)
+    swa_cache, swa_keys = model1_cache(torch, quant, batch * swa_per, SWA_BLOCK, dgen)
+    cmp_cache, cmp_keys_deq = model1_cache(torch, quant, batch * cmp_per, CMP_BLOCK, dgen)
     swa_tab, cmp_tab = shuffled_pages(torch, gen, batch, swa_per), shuffled_pages(torch, gen, batch, cmp_per)
     # window: positions end - 127 .. end of token j, end = 128 + j
     j = torch.arange(S_Q).view(1, S_Q, 1)
@@ -216,11 +218,12 @@ def run_decode(torch, flash_mla, quant, timer, a, heads, cmp_keys, batch, copy_g
 
 
 def run_prefill(torch, flash_mla, timer, a, tokens, copy_gbps):
-    gen = torch.Generator().manual_seed(a.seed + tokens)
+    gen, dgen = torch.Generator().manual_seed(a.seed + tokens), torch.Generator(device="cuda").manual_seed(a.seed + tokens)
     H, S, K = PREFILL_HEADS, PREFILL_KV, PREFILL_KEYS
-    kv = torch.empty((S, 1, D_QK), dtype=torch.float32).uniform_(-2, 2, generator=gen).to(torch.bfloat16).cuda()
+    kv = torch.empty((S, 1, D_QK), dtype=torch.float32, device="cuda").uniform_(-2, 2, generator=dgen).to(torch.bfloat16)
     q = torch.empty((tokens, H, D_QK), dtype=torch.bfloat16, device="cuda")
-    pool = torch.empty((4096, H, D_QK), dtype=torch.float32).uniform_(-1, 1, generator=gen).to(torch.bfloat16).cuda()
+    pool = torch.empty((4096, H, D_QK), dtype=torch.float32, device="cuda").uniform_(-1, 1, generator=dgen)
+    pool = pool.to(torch.bfloat16)
     for t in range(0, tokens, 4096):
         q[t:t + 4096] = pool[:min(4096, tokens - t)]
     start = torch.randint(0, S, (tokens, 1), generator=gen)
