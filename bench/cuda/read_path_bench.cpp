@@ -569,6 +569,10 @@ int run_read_path_bench(const ReadPathBenchOptions& o) {
   if (o.op.empty() || o.op == "indexer") run_indexer(o, ctx, timer, rows);
   if (o.op.empty() || o.op == "prefill") run_prefill(o, ctx, timer, rows);
   cudaStreamDestroy(st);
+  if (rows.empty()) {
+    std::fprintf(stderr, "dsv41kv bench: --read: no line matches the filters (decode batches 2, 64, 128, 148, 256)\n");
+    return 2;
+  }
 
   int64_t total_wrong = 0;
   for (const Row& r : rows) total_wrong += r.wrong;
