@@ -38,8 +38,7 @@ struct ReadPathBenchOptions {
 
 // Runs the bench on the current CUDA device and prints its report (a table, or JSON with `json`)
 // on stdout. Returns 0 done, 1 wrong elements found, 2 no CUDA device or no line matching the
-// filters. Throws Error on CUDA
-// failures.
+// filters. Throws Error on CUDA failures.
 int run_read_path_bench(const ReadPathBenchOptions& o);
 
 }  // namespace dsv41kv::bench
