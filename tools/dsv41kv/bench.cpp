@@ -89,13 +89,13 @@ void add_bench(CLI::App& app, int& exit_code) {
   cmd->add_flag("--pdl-early-metadata", o.pdl_early_metadata,
                 "ExecContext::pdl_early_metadata (the bench uploads all metadata before timing; not with --no-pdl)");
   cmd->callback([&exit_code] {
+    if (device != "cuda") {
+      std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
+                   device.c_str());
+      exit_code = 2;
+      return;
+    }
     if (read) {
-      if (device != "cuda") {
-        std::fprintf(stderr, "dsv41kv bench: --read --device %s: only cuda is benchmarked here (CPU benchmarks: "
-                             "build/dsv41kv_bench_cpu)\n", device.c_str());
-        exit_code = 2;
-        return;
-      }
       ro.json = o.json;
       ro.iters = o.iters;
       ro.record = o.only_record;
@@ -109,12 +109,6 @@ void add_bench(CLI::App& app, int& exit_code) {
     }
     if (!ro.op.empty() || ro.batch != 0 || ro.heads != 0 || ro.n_c != 0 || ro.tokens != 0) {
       std::fprintf(stderr, "dsv41kv bench: --op, --batch, --heads, --nc and --tokens go with --read\n");
-      exit_code = 2;
-      return;
-    }
-    if (device != "cuda") {
-      std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
-                   device.c_str());
       exit_code = 2;
       return;
     }
