@@ -3,7 +3,10 @@
 # side-by-side stage `peer` of scripts/device-check.sh. Never part of the repository: the source
 # lives in the git-ignored .peers (listed in .git/info/exclude) and is carried to the device.
 #
-#   scripts/peer-flashmla.sh prepare   (here) FlashMLA 9241ae3 + CUTLASS 147f567's include/ from the
+#   scripts/peer-flashmla.sh prepare   (here) FlashMLA 9241ae3 + CUTLASS 147f567's include/ and
+#                                      tools/util/include/ (FlashMLA's setup.py builds its SM100
+#                                      sources even with SM100 disabled, and those include
+#                                      cutlass/util/*) from the
 #                                      bare git dirs of the search tool's `fetch`
 #                                      (FLASHMLA_GIT, CUTLASS_GIT; defaults under /work/.mirror),
 #                                      into .peers/FlashMLA, packed as .peers/flashmla.tar.gz
@@ -37,13 +40,15 @@ prepare() {
   # its messages are shown only when the archive fails
   local err
   err=$(mktemp)
-  git --git-dir="$cu" archive "$CUTLASS_COMMIT" include 2> "$err" | tar -x -C .peers/FlashMLA/csrc/cutlass \
+  git --git-dir="$cu" archive "$CUTLASS_COMMIT" include tools/util/include 2> "$err" | tar -x -C .peers/FlashMLA/csrc/cutlass \
     || { cat "$err" >&2; rm -f "$err"; exit 1; }
   rm -f "$err"
-  [ -f .peers/FlashMLA/csrc/cutlass/include/cute/tensor.hpp ] || { echo "peer-flashmla: no cute/tensor.hpp in CUTLASS $CUTLASS_COMMIT's include/" >&2; exit 1; }
+  for f in include/cute/tensor.hpp tools/util/include/cutlass/util/command_line.h; do
+    [ -f ".peers/FlashMLA/csrc/cutlass/$f" ] || { echo "peer-flashmla: no $f in CUTLASS $CUTLASS_COMMIT" >&2; exit 1; }
+  done
   echo "$FLASHMLA_COMMIT cutlass $CUTLASS_COMMIT" > .peers/FlashMLA/PEER_VERSION
   tar czf "$tarball" -C .peers FlashMLA
-  echo "FlashMLA $FLASHMLA_COMMIT + CUTLASS $CUTLASS_COMMIT include/: $(find .peers/FlashMLA -type f | wc -l) files," \
+  echo "FlashMLA $FLASHMLA_COMMIT + CUTLASS $CUTLASS_COMMIT include/ tools/util/include/: $(find .peers/FlashMLA -type f | wc -l) files," \
        "$(du -sh .peers/FlashMLA | cut -f1) unpacked, $tarball $(du -h "$tarball" | cut -f1)"
 }
 
