@@ -29,7 +29,16 @@
 #             machine has no ../shared, the bench's default; without it the vLLM columns are left
 #             out); then dsv41kv-access-ceiling, default and --inputs all (access-ceiling.txt: the
 #             256K ratio-1 traffic without arithmetic)
-# Usage: scripts/device-check.sh [build] [test] [sanitize] [bench]
+#   bench-read  dsv41kv bench --device cuda --read --json, one command per op (the indexer one per
+#             n_c) each under its own time limit (DSV41KV_READ_TIMEOUT, default 240 s), the JSONs
+#             merged into bench-read.json (+ bench-read.txt, a table)
+#   peer      FlashMLA's Hopper build side by side (needs .peers/flashmla.tar.gz, carried, from
+#             scripts/peer-flashmla.sh prepare): builds it (peer-build.log), runs
+#             bench/peers/flashmla_sparse.py (peer-flashmla.json), our decode and prefill lines
+#             (bench-read.json of this run when the bench-read stage ran, else their own run),
+#             and joins both (peer.txt, peer-joined.json)
+# Not in the default set: bench-read, peer.
+# Usage: scripts/device-check.sh [build] [test] [sanitize] [bench] [bench-read] [peer]
 # Every log goes under $OUT (default ./device-out); $OUT/summary.txt lists each stage's status;
 # the exit status is non-zero when any stage failed.
 #
@@ -45,6 +54,12 @@
 #   DSV41KV_BENCH_VARIANTS  1 (default): also time the other program geometry
 #                           (bench-prefill256k-warps4.json, bench-decode256-warps1.json)
 #   DSV41KV_JOBS            build parallelism (default nproc)
+#   DSV41KV_READ_TIMEOUT    seconds per read-bench command (default 240)
+#   DSV41KV_READ_PARTS      the bench-read commands to run, of: decode indexer-4k indexer-64k
+#                           indexer-128k indexer-1m prefill (default all; a device call lasts at most
+#                           10 minutes, so split them over calls when the kernels are slow)
+#   DSV41KV_CUTLASS_INCLUDE_DIR  CUTLASS/CuTe 4.x headers (default: .devdeps/cutlass/include, unpacked
+#                           from .devdeps/cutlass-include.tar.gz of scripts/make-devdeps.sh)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./device-out}
@@ -60,6 +75,15 @@ if [ -z "${DSV41KV_CONFORMANCE_DIR:-}" ] && [ -d .devdeps/conformance ]; then
 fi
 if [ -z "${DSV41KV_CMAKE_ARGS:-}" ] && [ -d .devdeps/prefix ]; then
   DSV41KV_CMAKE_ARGS="-DCMAKE_PREFIX_PATH=$PWD/.devdeps/prefix"
+fi
+# the CUTLASS/CuTe headers packed by make-devdeps.sh (optional: without them the build still works)
+if [ -z "${DSV41KV_CUTLASS_INCLUDE_DIR:-}" ] && [ -f .devdeps/cutlass-include.tar.gz ]; then
+  if [ ! -f .devdeps/cutlass/include/cute/tensor.hpp ]; then
+    mkdir -p .devdeps/cutlass/include
+    tar xzf .devdeps/cutlass-include.tar.gz -C .devdeps/cutlass/include \
+      || echo "device-check: could not unpack .devdeps/cutlass-include.tar.gz: building without CUTLASS" >&2
+  fi
+  [ -f .devdeps/cutlass/include/cute/tensor.hpp ] && DSV41KV_CUTLASS_INCLUDE_DIR=$PWD/.devdeps/cutlass/include
 fi
 if [ -d .devdeps/prefix/lib/x86_64-linux-gnu ]; then
   export LD_LIBRARY_PATH=$PWD/.devdeps/prefix/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -84,7 +108,9 @@ stage_build() {
   { nvidia-smi; nvcc --version; cmake --version; ninja --version; } > "$OUT/env.txt" 2>&1
   # shellcheck disable=SC2086
   cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV41KV_CUDA=ON -DDSV41KV_BENCH=OFF \
-    ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+    ${ARCHS:+-DCMAKE_CUDA_ARCHITECTURES="$ARCHS"} ${DSV41KV_CUTLASS_INCLUDE_DIR:+-DDSV41KV_CUTLASS_INCLUDE_DIR="$DSV41KV_CUTLASS_INCLUDE_DIR"} \
+    ${DSV41KV_CMAKE_ARGS:-} > "$OUT/configure.log" 2>&1 || return 1
+  grep -E "CUTLASS/CuTe" "$OUT/configure.log" >> "$OUT/env.txt" || true
   ninja -C "$BUILD" -j "$JOBS" dsv41kv_cli dsv41kv_access_ceiling test_gpu > "$OUT/build.log" 2>&1
   local rc=$?
   grep -E "warning|error" "$OUT/build.log" | grep -v "^ninja" | head -50 > "$OUT/build-warnings.txt"
@@ -210,6 +236,70 @@ PY
   return $rc
 }
 
+# The read-path bench, one command per op (the indexer per n_c) so that one slow or failing line
+# cannot take the others with it; the JSONs merged into $OUT/bench-read.json (bench/peers/merge_read.py).
+stage_bench_read() {
+  [ -x "$BUILD/dsv41kv" ] || { echo "bench-read: no $BUILD/dsv41kv (run the build stage)" >&2; return 1; }
+  local rc=0 parts=() name part r
+  : > "$OUT/bench-read.err"
+  for part in "decode:--op decode" "indexer-4k:--op indexer --nc 4096" "indexer-64k:--op indexer --nc 65536" \
+    "indexer-128k:--op indexer --nc 131072" "indexer-1m:--op indexer --nc 1048576" "prefill:--op prefill"; do
+    name=${part%%:*}
+    case " ${DSV41KV_READ_PARTS:-$name} " in *" $name "*) ;; *) continue ;; esac
+    # shellcheck disable=SC2086
+    timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" ${part#*:} \
+      > "$OUT/bench-read-$name.json" 2>> "$OUT/bench-read.err"
+    r=$?
+    note "  bench-read $name rc=$r"
+    [ $r -ne 0 ] && rc=1
+    parts+=("$OUT/bench-read-$name.json")
+  done
+  python3 bench/peers/merge_read.py "$OUT/bench-read.json" "${parts[@]}" --table > "$OUT/bench-read.txt" \
+    2>> "$OUT/bench-read.err" || rc=1
+  return $rc
+}
+
+# FlashMLA side by side: build it, run its harness one op (prefill: one size) per process, run our
+# decode and prefill lines unless this run's bench-read stage has them, join both.
+stage_peer() {
+  local rc=0 dir part name r fm=() ours="$OUT/bench-read.json"
+  : > "$OUT/peer.err"
+  dir=$(OUT="$OUT" scripts/peer-flashmla.sh build 2>> "$OUT/peer.err") \
+    || { echo "peer: FlashMLA build failed ($OUT/peer.err, $OUT/peer-build.log)" >&2; return 1; }
+  note "  $(grep "peer-flashmla build" "$OUT/peer.err" | tail -1)"
+  for part in "decode:--op decode" "prefill-32k:--op prefill --tokens 32768" "prefill-128k:--op prefill --tokens 131072"; do
+    name=${part%%:*}
+    # shellcheck disable=SC2086
+    timeout "${DSV41KV_READ_TIMEOUT:-240}" python3 bench/peers/flashmla_sparse.py --flashmla "$dir" --iters "$ITERS" \
+      ${part#*:} > "$OUT/peer-flashmla-$name.json" 2>> "$OUT/peer.err"
+    r=$?
+    note "  peer flashmla $name rc=$r"
+    [ $r -ne 0 ] && rc=1
+    fm+=("$OUT/peer-flashmla-$name.json")
+  done
+  python3 bench/peers/merge_read.py "$OUT/peer-flashmla.json" "${fm[@]}" 2>> "$OUT/peer.err" || rc=1
+  if [ ! -s "$ours" ]; then
+    ours="$OUT/peer-ours.json"
+    for name in decode prefill; do
+      timeout "${DSV41KV_READ_TIMEOUT:-240}" "$BUILD/dsv41kv" bench --device cuda --read --json --iters "$ITERS" \
+        --op "$name" > "$OUT/peer-ours-$name.json" 2>> "$OUT/peer.err"
+      r=$?
+      note "  peer dsv41kv $name rc=$r"
+      [ $r -ne 0 ] && rc=1
+    done
+    python3 bench/peers/merge_read.py "$ours" "$OUT/peer-ours-decode.json" "$OUT/peer-ours-prefill.json" \
+      2>> "$OUT/peer.err" || rc=1
+  fi
+  if [ -s "$ours" ] && [ -s "$OUT/peer-flashmla.json" ]; then
+    python3 bench/peers/join_read.py "$ours" "$OUT/peer-flashmla.json" --json "$OUT/peer-joined.json" > "$OUT/peer.txt" \
+      2>> "$OUT/peer.err" || rc=1
+  else
+    echo "peer: nothing to join (ours: $ours, FlashMLA: $OUT/peer-flashmla.json; see $OUT/peer.err)" >&2
+    rc=1
+  fi
+  return $rc
+}
+
 : > "$summary"
 for s in "${stages[@]}"; do
   case "$s" in
@@ -217,12 +307,16 @@ for s in "${stages[@]}"; do
     test) run_stage test stage_test ;;
     sanitize) run_stage sanitize stage_sanitize ;;
     bench) run_stage bench stage_bench ;;
-    *) echo "unknown stage '$s' (build test sanitize bench)" >&2; exit 2 ;;
+    bench-read) run_stage bench-read stage_bench_read ;;
+    peer) run_stage peer stage_peer ;;
+    *) echo "unknown stage '$s' (build test sanitize bench bench-read peer)" >&2; exit 2 ;;
   esac
 done
 [ -f "$OUT/test_gpu-summary.txt" ] && tail -25 "$OUT/test_gpu-summary.txt"
 [ -f "$OUT/sanitizer-summary.txt" ] && cat "$OUT/sanitizer-summary.txt"
 [ -f "$OUT/bench.txt" ] && cat "$OUT/bench.txt"
 [ -f "$OUT/access-ceiling.txt" ] && cat "$OUT/access-ceiling.txt"
+[ -f "$OUT/bench-read.txt" ] && cat "$OUT/bench-read.txt"
+[ -f "$OUT/peer.txt" ] && cat "$OUT/peer.txt"
 cat "$summary"
 exit $status

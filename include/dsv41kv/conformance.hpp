@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,17 @@ struct FileResult {
 
 // Runs every case of one file.
 FileResult run_file(const std::string& path, const Options& options = {});
+
+// The SPEC 8.8 agreement of one top-k (or candidate-block) output row with the reference row, one
+// definition for the conformance runner and `dsv41kv bench --read`: `ours` a strictly ascending
+// prefix of non-negative ids, then -1; the prefix as long as `ref`'s; the same set except ids whose
+// reference score lies within tolerance of the selection boundary (the smallest reference score
+// of the reference's set): |score(id) - boundary| <= tol(id) + tol(boundary id). `score` and `tol`
+// are the reference's. Adds the ids of the symmetric difference to `differing`; returns "" when
+// the row agrees, else the reason.
+std::string topk_row_agreement(const int32_t* ours, const int32_t* ref, int64_t width,
+                               const std::function<double(int64_t)>& score, const std::function<double(int64_t)>& tol,
+                               int64_t& differing);
 
 // Report lines, one per case and check, e.g.
 // "r2 c5 random0          v4_584     PASS  records 121/121 byte-identical (100.0%), from-reference-latent: identical"

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <iterator>
 #include <limits>
@@ -22,6 +23,50 @@
 #include "dsv41kv/numerics.hpp"
 #include "dsv41kv/reference.hpp"
 #include "oracles/conformance_file.hpp"
+
+namespace dsv41kv::conformance {
+
+// The agreement of one output row (top-k entries or candidate blocks) with the reference row:
+// `ours` a strictly ascending prefix of non-negative ids, then -1; the same prefix length as `ref`;
+// the same set except ids whose reference score lies within tolerance of the selection boundary,
+// the smallest reference score of the reference's set. Both scores carry their own SPEC 8.8
+// tolerance, so a id is admitted when |score(id) - boundary| <= tol(id) + tol(boundary id).
+// `score(id)` and `tol(id)` are the reference's; ids with a non-finite reference score other than
+// the boundary's never agree by tolerance. Returns "" when the row agrees, else the reason.
+std::string topk_row_agreement(const int32_t* ours, const int32_t* ref, int64_t width,
+                               const std::function<double(int64_t)>& score, const std::function<double(int64_t)>& tol,
+                               int64_t& differing) {
+  int64_t n_ours = 0, n_ref = 0;
+  while (n_ours < width && ours[n_ours] >= 0) ++n_ours;
+  while (n_ref < width && ref[n_ref] >= 0) ++n_ref;
+  for (int64_t j = n_ours; j < width; ++j)
+    if (ours[j] != -1) return fmt::format("entry {} = {} after the valid prefix of {}, expected -1", j, ours[j], n_ours);
+  for (int64_t j = 1; j < n_ours; ++j)
+    if (ours[j] <= ours[j - 1])
+      return fmt::format("entry {} = {} after {}, expected a strictly ascending prefix", j, ours[j], ours[j - 1]);
+  if (n_ours != n_ref) return fmt::format("valid prefix of {} entries, reference {}", n_ours, n_ref);
+  const std::set<int32_t> a(ours, ours + n_ours), b(ref, ref + n_ref);
+  std::vector<int32_t> diff;
+  std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(diff));
+  differing += static_cast<int64_t>(diff.size());
+  if (diff.empty()) return "";
+  int32_t boundary = ref[0];
+  for (int64_t j = 1; j < n_ref; ++j)
+    if (score(ref[j]) < score(boundary)) boundary = ref[j];
+  const double v = score(boundary), tv = tol(boundary);
+  for (int32_t id : diff) {
+    const double s = score(id);
+    const double bound = std::isfinite(s) ? tol(id) + tv : 0.0;
+    if (!(std::fabs(s - v) <= bound) && !(s == v))
+      return fmt::format("{} {} {} the reference's set: reference score {} vs the boundary {} (id {}), beyond the "
+                         "tolerance {}",
+                         a.count(id) ? "selects" : "misses", id, a.count(id) ? "outside" : "of", s, v, boundary,
+                         bound);
+  }
+  return "";
+}
+
+}  // namespace dsv41kv::conformance
 
 namespace dsv41kv::conformance::detail {
 namespace {
@@ -82,46 +127,6 @@ struct TokenRef {
                                               rec::read_index_k_fp8_scale(page, S, i % S));
   }
 };
-
-// The agreement of one output row (top-k entries or candidate blocks) with the reference row:
-// `ours` a strictly ascending prefix of non-negative ids, then -1; the same prefix length as `ref`;
-// the same set except ids whose reference score lies within tolerance of the selection boundary,
-// the smallest reference score of the reference's set. Both scores carry their own SPEC 8.8
-// tolerance, so a id is admitted when |score(id) - boundary| <= tol(id) + tol(boundary id).
-// `score(id)` and `tol(id)` are the reference's; ids with a non-finite reference score other than
-// the boundary's never agree by tolerance. Returns "" when the row agrees, else the reason.
-template <class Score, class Tol>
-std::string row_agreement(const int32_t* ours, const int32_t* ref, int64_t width, Score score, Tol tol,
-                          int64_t& differing) {
-  int64_t n_ours = 0, n_ref = 0;
-  while (n_ours < width && ours[n_ours] >= 0) ++n_ours;
-  while (n_ref < width && ref[n_ref] >= 0) ++n_ref;
-  for (int64_t j = n_ours; j < width; ++j)
-    if (ours[j] != -1) return fmt::format("entry {} = {} after the valid prefix of {}, expected -1", j, ours[j], n_ours);
-  for (int64_t j = 1; j < n_ours; ++j)
-    if (ours[j] <= ours[j - 1])
-      return fmt::format("entry {} = {} after {}, expected a strictly ascending prefix", j, ours[j], ours[j - 1]);
-  if (n_ours != n_ref) return fmt::format("valid prefix of {} entries, reference {}", n_ours, n_ref);
-  const std::set<int32_t> a(ours, ours + n_ours), b(ref, ref + n_ref);
-  std::vector<int32_t> diff;
-  std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(diff));
-  differing += static_cast<int64_t>(diff.size());
-  if (diff.empty()) return "";
-  int32_t boundary = ref[0];
-  for (int64_t j = 1; j < n_ref; ++j)
-    if (score(ref[j]) < score(boundary)) boundary = ref[j];
-  const double v = score(boundary), tv = tol(boundary);
-  for (int32_t id : diff) {
-    const double s = score(id);
-    const double bound = std::isfinite(s) ? tol(id) + tv : 0.0;
-    if (!(std::fabs(s - v) <= bound) && !(s == v))
-      return fmt::format("{} {} {} the reference's set: reference score {} vs the boundary {} (id {}), beyond the "
-                         "tolerance {}",
-                         a.count(id) ? "selects" : "misses", id, a.count(id) ? "outside" : "of", s, v, boundary,
-                         bound);
-  }
-  return "";
-}
 
 std::string mismatch(int64_t count, int64_t first, double ours, double ref) {
   return fmt::format("{} differ (first at {}: {} vs reference {})", count, first, ours, ref);
@@ -310,7 +315,7 @@ FileResult run_indexer_topk(const SafetensorsFile& f, const json& j, const Optio
         const int32_t* ref = topk_ref.data() + t * kIndexTopk;
         rows_identical += std::equal(ours, ours + kIndexTopk, ref);
         const std::string why =
-            row_agreement(ours, ref, kIndexTopk, [&](int64_t i) { return double{r.score(i)}; },
+            topk_row_agreement(ours, ref, kIndexTopk, [&](int64_t i) { return double{r.score(i)}; },
                           [&](int64_t i) { return i < nc ? r.tolerance(i) : 0.0; }, t_diff);
         if (!why.empty() && tc.pass) {
           tc.pass = false;
@@ -332,7 +337,7 @@ FileResult run_indexer_topk(const SafetensorsFile& f, const json& j, const Optio
         };
         auto block_tol = [&](int64_t b) { return b >= 0 && b < nb - 1 ? r.tolerance(arg_max(b)) : 0.0; };
         const std::string cwhy =
-            row_agreement(cand.data() + t * kCandidateTopkBlocks, cand_ref.data() + t * kCandidateTopkBlocks,
+            topk_row_agreement(cand.data() + t * kCandidateTopkBlocks, cand_ref.data() + t * kCandidateTopkBlocks,
                           kCandidateTopkBlocks, block_score, block_tol, c_diff);
         if (!cwhy.empty() && cc.pass) {
           cc.pass = false;

@@ -35,6 +35,15 @@ TEST(BenchCli, BadFlagsExit2WithAMessage) {
       {"bench --stream-tail 1,16", built_with_cuda() ? "chunk 16" : nullptr},
       {"bench --stream-head 0,2", built_with_cuda() ? "0.000000 waves" : nullptr},
       {"bench --timing wallclock", "--timing"},
+      // the read-path bench's flags
+      {"bench --read --device cpu", "only cuda is benchmarked here"},
+      {"bench --read --op attention", "--op"},
+      {"bench --read --heads 32", "--heads"},
+      {"bench --read --nc 5000", "--nc"},
+      {"bench --read --tokens 1000", "--tokens"},
+      {"bench --read --samples 0", "--samples"},
+      {"bench --op decode", "go with --read"},
+      {"bench --nc 4096", "go with --read"},
   };
   for (const Case& c : cases) {
     const CliRun r = run_cli(c.args, tmp);
@@ -64,7 +73,8 @@ TEST(BenchCli, CudaWithoutGpuExits2WithTheReason) {
   if (cuda_device_available()) GTEST_SKIP() << "a GPU is visible: the bench runs (scripts/device-check.sh)";
   TempDir tmp;
   for (const char* args : {"bench --device cuda --workload decode256 --pdl-early-metadata",
-                           "bench --device cuda --workload decode256 --no-pdl"}) {
+                           "bench --device cuda --workload decode256 --no-pdl",
+                           "bench --device cuda --read --op decode --batch 2"}) {
     const CliRun r = run_cli(args, tmp);
     EXPECT_EQ(r.code, 2) << args << "\n" << r.out << r.err;
     EXPECT_NE(r.err.find(built_with_cuda() ? "no CUDA device" : "built without CUDA"), std::string::npos)

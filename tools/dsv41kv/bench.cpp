@@ -1,6 +1,7 @@
 // `dsv41kv bench --device cuda [--json] [--iters N] [--baseline FILE] ...`: the flags of the write-path
 // GPU benchmark, their errors (exit 2) and the call of the bench itself
-// (bench/cuda/write_path_bench.hpp, CUDA builds only).
+// (bench/cuda/write_path_bench.hpp, CUDA builds only); with --read the read-path bench instead
+// (bench/cuda/read_path_bench.hpp: --op, --batch, --heads, --nc, --tokens, --samples, --record).
 //
 // Exit codes: 0 done, 1 wrong elements found, 2 bad flags, an unreadable baseline, no CUDA.
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "bench/baseline.hpp"
+#include "bench/cuda/read_path_bench.hpp"
 #include "bench/cuda/write_path_bench.hpp"
 #include "bench/traffic_model.hpp"
 #include "commands.hpp"
@@ -24,9 +26,22 @@ void add_bench(CLI::App& app, int& exit_code) {
   static std::string device = "cuda";
   static bench::WritePathBenchOptions o;
   static std::string baseline;
+  static bool read = false;
+  static bench::ReadPathBenchOptions ro;
   cmd->add_option("--device", device, "cuda (the CPU path is benchmarked by bench/)")
       ->check(CLI::IsMember({"cuda", "cpu"}));
   cmd->add_flag("--json", o.json, "print JSON instead of a table");
+  cmd->add_flag("--read", read,
+                "time the read path (sparse decode, indexer top-k, sparse prefill) instead of the write path");
+  cmd->add_option("--op", ro.op, "--read: one op only")->check(CLI::IsMember({"decode", "indexer", "prefill"}));
+  cmd->add_option("--batch", ro.batch, "--read: one batch only (decode: 2, 64, 128, 148, 256; indexer: any)")
+      ->check(CLI::Range(int64_t{1}, int64_t{4096}));
+  cmd->add_option("--heads", ro.heads, "--read decode: one head count only")->check(CLI::IsMember({64, 128}));
+  cmd->add_option("--nc", ro.n_c, "--read indexer: one n_c only")->check(CLI::IsMember({4096, 65536, 131072, 1048576}));
+  cmd->add_option("--tokens", ro.tokens, "--read prefill: one query-token count only")
+      ->check(CLI::IsMember({32768, 131072}));
+  cmd->add_option("--samples", ro.samples, "--read: requests (prefill: tokens) checked against the CPU per line")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--iters", o.iters, "timed repetitions per measurement (median)")->check(CLI::Range(1, 100000));
   cmd->add_option("--baseline", baseline,
                   "vLLM baseline JSON (default: ../shared/baselines/vllm_triton_h200.json beside the source "
@@ -77,6 +92,23 @@ void add_bench(CLI::App& app, int& exit_code) {
     if (device != "cuda") {
       std::fprintf(stderr, "dsv41kv bench: --device %s: only cuda is benchmarked here (CPU benchmarks: build/dsv41kv_bench_cpu)\n",
                    device.c_str());
+      exit_code = 2;
+      return;
+    }
+    if (read) {
+      ro.json = o.json;
+      ro.iters = o.iters;
+      ro.record = o.only_record;
+#if defined(DSV41KV_WITH_CUDA)
+      exit_code = bench::run_read_path_bench(ro);
+#else
+      std::fprintf(stderr, "dsv41kv bench: --device cuda: %s\n", cuda_device_description().c_str());
+      exit_code = 2;
+#endif
+      return;
+    }
+    if (!ro.op.empty() || ro.batch != 0 || ro.heads != 0 || ro.n_c != 0 || ro.tokens != 0) {
+      std::fprintf(stderr, "dsv41kv bench: --op, --batch, --heads, --nc and --tokens go with --read\n");
       exit_code = 2;
       return;
     }
