@@ -312,12 +312,15 @@ class Call {
       first_error = e.what();
     }
     // numpy refuses a read-only array in the unversioned protocol (the versioned capsule flags
-    // it), and arrays of ml_dtypes' bfloat16 / float8_e4m3fn altogether: their bits are taken as
-    // uint16 / uint8 through a view (no copy).
+    // it), and arrays of ml_dtypes' bfloat16 / float8_e4m3fn altogether (older torch its
+    // float8_e4m3fn): their bits are taken as uint16 / uint8 through a view (no copy).
     if (nb::hasattr(o, "dtype") && nb::hasattr(o, "view")) {
       const std::string dt = to_string(o.attr("dtype"));
       if (dt == "bfloat16") return export_capsule(o.attr("view")("uint16"), arg);
       if (dt == "float8_e4m3fn") return export_capsule(o.attr("view")("uint8"), arg);
+      // torch before DLPack's float8 codes: the e4m3 codes as uint8
+      if (dt == "torch.float8_e4m3fn")
+        return export_capsule(o.attr("view")(nb::module_::import_("torch").attr("uint8")), arg);
     }
     try {
       return o.attr("__dlpack__")("max_version"_a = nb::make_tuple(1, 0));

@@ -19,15 +19,32 @@ FORMATS = ["v4_584", "mxfp8_528", "nvfp4_288", "bf16", "fp8"]
 BF16_NAN = 0x7FC0
 
 
-def strided(buf, shape, strides_elems):
-    return np.lib.stride_tricks.as_strided(buf, shape=shape, strides=[s * buf.itemsize for s in strides_elems])
+class Host:
+    """Where the arrays of a run live: numpy arrays on the host (a device variant in test_torch.py
+    has the same methods over torch CUDA tensors)."""
+
+    @staticmethod
+    def put(a):
+        return a
+
+    @staticmethod
+    def get(a):
+        return a
+
+    @staticmethod
+    def strided(buf, shape, strides_elems):
+        return np.lib.stride_tricks.as_strided(buf, shape=shape, strides=[s * buf.itemsize for s in strides_elems])
+
+    @staticmethod
+    def sync():
+        pass
 
 
-def plain_rows(buf, pages, S, page_stride, row_stride=512):
-    return strided(buf, (pages, S, 512), (page_stride, row_stride, 1))
+def plain_rows(x, buf, pages, S, page_stride, row_stride=512):
+    return x.strided(buf, (pages, S, 512), (page_stride, row_stride, 1))
 
 
-def run_compress(f):
+def run_compress(f, x=Host):
     """fused_save_compress_norm then rope_quant_insert of every format, as the tool runs them."""
     m = f.meta
     R, S = m["compress_ratio"], m["states_per_page"]
@@ -36,123 +53,143 @@ def run_compress(f):
     for ci, c in enumerate(m["cases"]):
         p = f"c{ci}."
         N = c["num_tokens"]
-        kv = f.copy(p + "kv_score")
-        latent = np.full((kv.shape[0], 512), BF16_NAN, np.uint16)
-        ring = f.copy(p + "ring_in")
+        g = lambda k: x.put(f.copy(k))
+        kv = g(p + "kv_score")
+        latent = x.put(np.full((kv.shape[0], 512), BF16_NAN, np.uint16))
+        ring = g(p + "ring_in")
         kw = {}
         if R == 2:
-            kw = dict(ring=strided(ring, (c["ring_blocks"], m["ring_capacity"], 1024), (c["ring_block_stride"], 1024, 1)),
-                      qsl=f.copy(p + "qsl"), token_to_req=f.copy(p + "token_to_req"))
-        slot_mapping = f.copy(p + ("ring_slots" if R == 2 else "cache_slots"))
-        dsv41kv.fused_save_compress_norm(kv, f.copy(p + "positions"), slot_mapping, f.copy("norm_weight"),
-                                         m["rms_norm_eps"], latent, ratio=R, **kw)
+            kw = dict(ring=x.strided(ring, (c["ring_blocks"], m["ring_capacity"], 1024), (c["ring_block_stride"], 1024, 1)),
+                      qsl=g(p + "qsl"), token_to_req=g(p + "token_to_req"))
+        slot_mapping = g(p + ("ring_slots" if R == 2 else "cache_slots"))
+        positions = g(p + "positions")
+        dsv41kv.fused_save_compress_norm(kv, positions, slot_mapping, g("norm_weight"), m["rms_norm_eps"], latent,
+                                         ratio=R, **kw)
         for fm in FORMATS:
             ref = f[p + "cache_" + fm]
             if fm in ("bf16", "fp8"):
-                buf = np.full(ref.shape, bf16_bits if fm == "bf16" else m["canary"], ref.dtype)
-                cache = plain_rows(buf, c["num_pages"], S, m["plain_page_stride"], m["plain_row_stride"])
+                buf = x.put(np.full(ref.shape, bf16_bits if fm == "bf16" else m["canary"], ref.dtype))
+                cache = plain_rows(x, buf, c["num_pages"], S, m["plain_page_stride"], m["plain_row_stride"])
             else:
-                buf = np.full(ref.shape, m["canary"], np.uint8)
+                buf = x.put(np.full(ref.shape, m["canary"], np.uint8))
                 cache = buf.reshape(c["num_pages"], -1)
-            dsv41kv.rope_quant_insert(latent, f.copy(p + "positions"), f.copy("cos_sin"), f.copy(p + "cache_slots"),
-                                      cache, cache_format=fm, states_per_page=S, ratio=R,
-                                      fp8_scale=float(f["fp8_scale"][0]))
+            dsv41kv.rope_quant_insert(latent, positions, g("cos_sin"), g(p + "cache_slots"), cache, cache_format=fm,
+                                      states_per_page=S, ratio=R, fp8_scale=float(f["fp8_scale"][0]))
             out[p + "cache_" + fm] = ("BF16" if fm == "bf16" else "U8", buf)
         out[p + "latent_out"] = ("BF16", latent)
         out[p + "ring_out"] = ("F32", ring)
-    return out
+    return host(x, out)
 
 
-def case_cache(f, p, c, which):
+def host(x, out):
+    x.sync()
+    return {k: (dt, x.get(a)) for k, (dt, a) in out.items()}
+
+
+def case_cache(x, f, p, c, which):
     fm = c[which + "_record"]
-    buf = f.copy(p + which + "_cache")
+    buf = x.put(f.copy(p + which + "_cache"))
     pages, S, ps = c[which + "_pages"], c[which + "_states_per_page"], c[which + "_page_stride"]
     if fm == "bf16":
-        return fm, S, plain_rows(buf, pages, S, ps)
+        return fm, S, plain_rows(x, buf, pages, S, ps)
     return fm, S, buf.reshape(pages, ps)
 
 
-def run_decode(f):
+def run_decode(f, x=Host):
     out = {}
     for ci, c in enumerate(f.meta["cases"]):
         p = f"c{ci}."
+        g = lambda k: x.put(f.copy(k))
         T, H = c["num_tokens"], c["num_heads"]
         with_cmp = c["cmp_record"] is not None
-        swa_fm, swa_S, swa = case_cache(f, p, c, "swa")
+        swa_fm, swa_S, swa = case_cache(x, f, p, c, "swa")
         kw = {}
         if with_cmp:
-            cmp_fm, cmp_S, cmp = case_cache(f, p, c, "cmp")
+            cmp_fm, cmp_S, cmp = case_cache(x, f, p, c, "cmp")
             kw = dict(cmp_cache=cmp, cmp_format=cmp_fm, cmp_states_per_page=cmp_S,
-                      cmp_indices=f.copy(p + "cmp_indices"), cmp_lens=f.copy(p + "cmp_lens"))
+                      cmp_indices=g(p + "cmp_indices"), cmp_lens=g(p + "cmp_lens"))
         sched = dsv41kv.plan_decode_schedule("c1a" if with_cmp else "swaonly", T, num_heads=H,
                                              block_size=cmp_S if with_cmp else 64)
-        o = np.full((T, H, 512), BF16_NAN, np.uint16)
-        lse = np.full((T, H), np.nan, np.float32)
-        dsv41kv.sparse_decode(sched, f.copy(p + "q"), swa, f.copy(p + "swa_indices"), f.copy(p + "swa_lens"),
-                              f.copy(p + "sink"), o, lse, swa_format=swa_fm, swa_states_per_page=swa_S,
-                              softmax_scale=c["softmax_scale"], **kw)
+        o = x.put(np.full((T, H, 512), BF16_NAN, np.uint16))
+        lse = x.put(np.full((T, H), np.nan, np.float32))
+        dsv41kv.sparse_decode(sched, g(p + "q"), swa, g(p + "swa_indices"), g(p + "swa_lens"), g(p + "sink"), o, lse,
+                              swa_format=swa_fm, swa_states_per_page=swa_S, softmax_scale=c["softmax_scale"], **kw)
         out[p + "out"] = ("BF16", o)
         out[p + "lse"] = ("F32", lse)
-    return out
+    return host(x, out)
 
 
-def run_prefill(f):
+def run_prefill(f, x=Host):
     out = {}
     for ci, c in enumerate(f.meta["cases"]):
         p = f"c{ci}."
+        g = lambda k: x.put(f.copy(k))
         T, H = c["num_tokens"], c["num_heads"]
-        o = np.full((T, H, 512), BF16_NAN, np.uint16)
-        lse = np.full((T, H), np.nan, np.float32)
-        dsv41kv.sparse_prefill(f.copy(p + "q"), f.copy(p + "kv"), f.copy(p + "indices"), f.copy(p + "topk_length"),
-                               f.copy(p + "sink"), o, lse, softmax_scale=c["softmax_scale"])
+        o = x.put(np.full((T, H, 512), BF16_NAN, np.uint16))
+        lse = x.put(np.full((T, H), np.nan, np.float32))
+        dsv41kv.sparse_prefill(g(p + "q"), g(p + "kv"), g(p + "indices"), g(p + "topk_length"), g(p + "sink"), o, lse,
+                               softmax_scale=c["softmax_scale"])
         out[p + "out"] = ("BF16", o)
         out[p + "lse"] = ("F32", lse)
-    return out
+    return host(x, out)
 
 
-def run_indexer(f):
+def run_indexer(f, x=Host):
     out = {}
     for ci, c in enumerate(f.meta["cases"]):
         p = f"c{ci}."
+        g = lambda k: x.put(f.copy(k))
         T = c["num_tokens"]
-        q8 = np.full((T, 32, 128), 0xA5, np.uint8)
-        w = np.full((T, 32), np.nan, np.float32)
-        topk = np.full((T, 512), -7, np.int32)
+        q8 = x.put(np.full((T, 32, 128), 0xA5, np.uint8))
+        w = x.put(np.full((T, 32), np.nan, np.float32))
+        topk = x.put(np.full((T, 512), -7, np.int32))
         cols = f[p + "scores_ref"].shape[1]
-        scores = np.full((T, cols), np.nan, np.float32) if cols > 0 else None
+        scores = x.put(np.full((T, cols), np.nan, np.float32)) if cols > 0 else None
         role = c["role"]
         cand = None
         if role == "candidate_source":
-            cand = np.full((T, 2048), -7, np.int32)
+            cand = x.put(np.full((T, 2048), -7, np.int32))
         elif role == "candidate_consumer":
-            cand = f.copy(p + "candidates")
-        positions = f.copy(p + "positions")
-        dsv41kv.indexer_prepare_q(f.copy(p + "q"), f.copy(p + "w_raw"), positions, f.copy("cos_sin"), q8, w)
-        dsv41kv.indexer_topk(q8, w, positions, f.copy(p + "token_to_req"), f.copy(p + "block_table"),
-                             f.copy(p + "k_cache").reshape(c["num_pages"], c["page_stride"]), topk,
+            cand = g(p + "candidates")
+        positions = g(p + "positions")
+        dsv41kv.indexer_prepare_q(g(p + "q"), g(p + "w_raw"), positions, g("cos_sin"), q8, w)
+        dsv41kv.indexer_topk(q8, w, positions, g(p + "token_to_req"), g(p + "block_table"),
+                             g(p + "k_cache").reshape(c["num_pages"], c["page_stride"]), topk,
                              states_per_page=c["states_per_page"], ratio=c["compress_ratio"], role=role,
-                             token_valid=f.copy(p + "token_valid"), candidates=cand, scores=scores)
+                             token_valid=g(p + "token_valid"), candidates=cand, scores=scores)
         out[p + "q8"] = ("U8", q8)
         out[p + "w"] = ("F32", w)
         out[p + "topk"] = ("I32", topk)
         if role == "candidate_source":
             out[p + "candidates"] = ("I32", cand)
-    return out
+    return host(x, out)
 
 
 RUN = {"compress_insert": run_compress, "sparse_decode": run_decode, "sparse_prefill": run_prefill,
        "indexer_topk": run_indexer}
 
 
-@pytest.fixture(scope="module")
-def python_dump(conformance_dir, tmp_path_factory):
-    d = tmp_path_factory.mktemp("python-dump")
+def dump_all(conformance_dir, d, x=Host):
+    """Runs every file through the API on `x`'s arrays; writes d/<file> as the tool's --dump does."""
     outs = {}
     for name in FILES:
         f = st.File(conformance_dir / name)
-        outs[name] = RUN[f.meta["op"]](f)
+        outs[name] = RUN[f.meta["op"]](f, x)
         st.write(d / name.removesuffix(".gz"), outs[name], {"op": f.meta["op"], "cases": f.meta["cases"]})
     return d, outs
+
+
+def check_read_path(d, conformance_dir):
+    """scripts/check-conform-dump.py (the project's independent checker) on a dump: (ok, output)."""
+    read = [str(conformance_dir / n) for n in FILES if not n.startswith("compress")]
+    script = st.__file__.rsplit("/", 3)[0] + "/scripts/check-conform-dump.py"
+    r = subprocess.run([sys.executable, script, str(d), *read], capture_output=True, text=True)
+    return r.returncode == 0 and ", 0 failed" in r.stdout.splitlines()[-1], r.stdout[-4000:] + r.stderr[-2000:]
+
+
+@pytest.fixture(scope="module")
+def python_dump(conformance_dir, tmp_path_factory):
+    return dump_all(conformance_dir, tmp_path_factory.mktemp("python-dump"))
 
 
 @pytest.fixture(scope="module")
@@ -180,12 +217,8 @@ def test_same_bits_as_the_cli(name, python_dump, cli_dump):
 
 def test_read_path_agreement(python_dump, conformance_dir):
     """The project's independent checker judges the Python outputs against the references."""
-    d, _ = python_dump
-    read = [str(conformance_dir / n) for n in FILES if not n.startswith("compress")]
-    script = st.__file__.rsplit("/", 3)[0] + "/scripts/check-conform-dump.py"
-    r = subprocess.run([sys.executable, script, str(d), *read], capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert ", 0 failed" in r.stdout.splitlines()[-1]
+    ok, text = check_read_path(python_dump[0], conformance_dir)
+    assert ok, text
 
 
 def bf16(bits):
