@@ -244,9 +244,15 @@ class Call {
       if (optional) return {};
       type_error(std::string(op_) + ": " + arg + ": required, got None");
     }
-    nb::object cap = export_capsule(o, arg);
     const DLTensor* t = nullptr;
     bool read_only = false;
+    DLTensor torch_desc;
+    int64_t torch_shape[4], torch_strides[4];
+    if (torch_tensor(o, arg, want, torch_desc, torch_shape, torch_strides)) {
+      t = &torch_desc;
+      keep_.push_back(nb::borrow(o));
+    } else {
+    nb::object cap = export_capsule(o, arg);
     if (PyCapsule_IsValid(cap.ptr(), "dltensor")) {
       t = &static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap.ptr(), "dltensor"))->dl_tensor;
     } else if (PyCapsule_IsValid(cap.ptr(), "dltensor_versioned")) {
@@ -257,6 +263,7 @@ class Call {
       type_error(std::string(op_) + ": " + arg + ": __dlpack__ of " + py_type_name(o) + " returned no DLPack capsule");
     }
     keep_.push_back(std::move(cap));  // its destructor releases the tensor after the call
+    }
     DType d;
     if (!library_dtype(t->dtype, d) || d != want)
       type_error(std::string(op_) + ": " + arg + ": dtype " + dl_dtype_name(t->dtype) + ", expected " + expected_name(want));
@@ -294,6 +301,60 @@ class Call {
     any_ = true;
     device_ = dev;
     return v;
+  }
+
+  // A torch.Tensor read through its attributes (data_ptr, dtype, shape, stride, device): what its
+  // DLPack export would say, without the cost of torch's Python-level __dlpack__ (several
+  // microseconds a tensor). False for anything that is not a torch.Tensor.
+  bool torch_tensor(nb::handle o, const char* arg, DType want, DLTensor& t, int64_t* shape, int64_t* strides) {
+    static PyObject* tensor_type = nullptr;
+    static PyObject *f32, *bf16, *u16, *u8, *e4m3, *i32, *i64;
+    if (!tensor_type) {
+      PyObject* torch = PyImport_GetModule(nb::str("torch").ptr());  // only once torch is imported
+      if (!torch) {
+        PyErr_Clear();
+        return false;
+      }
+      nb::module_ m = nb::steal<nb::module_>(torch);
+      auto dt = [&](const char* n) { return nb::hasattr(m, n) ? nb::object(m.attr(n)).release().ptr() : nullptr; };
+      f32 = dt("float32"), bf16 = dt("bfloat16"), u16 = dt("uint16"), u8 = dt("uint8"), e4m3 = dt("float8_e4m3fn");
+      i32 = dt("int32"), i64 = dt("int64");
+      tensor_type = nb::object(m.attr("Tensor")).release().ptr();
+    }
+    const int is = PyObject_IsInstance(o.ptr(), tensor_type);
+    if (is <= 0) {
+      if (is < 0) PyErr_Clear();
+      return false;
+    }
+    nb::object dtype = o.attr("dtype");
+    PyObject* d = dtype.ptr();
+    t.dtype = d == f32 ? DLDataType{kDLFloat, 32, 1} : d == bf16 ? DLDataType{kDLBfloat, 16, 1}
+            : (u16 && d == u16) ? DLDataType{kDLUInt, 16, 1} : d == u8 ? DLDataType{kDLUInt, 8, 1}
+            : (e4m3 && d == e4m3) ? DLDataType{kDLFloat8_e4m3fn, 8, 1} : d == i32 ? DLDataType{kDLInt, 32, 1}
+            : d == i64 ? DLDataType{kDLInt, 64, 1} : DLDataType{255, 0, 1};
+    if (t.dtype.code == 255)
+      type_error(std::string(op_) + ": " + arg + ": dtype " + to_string(dtype) + ", expected " + expected_name(want));
+    nb::tuple sh = nb::borrow<nb::tuple>(o.attr("shape"));
+    nb::tuple st = nb::borrow<nb::tuple>(o.attr("stride")());
+    t.ndim = static_cast<int32_t>(nb::len(sh));
+    if (t.ndim > 4) t.ndim = 5;  // refused by the caller's rank check
+    for (int i = 0; i < t.ndim && i < 4; ++i) {
+      shape[i] = nb::cast<int64_t>(sh[i]);
+      strides[i] = nb::cast<int64_t>(st[i]);
+    }
+    t.shape = shape;
+    t.strides = strides;
+    t.byte_offset = 0;
+    t.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(o.attr("data_ptr")()));
+    if (nb::cast<bool>(o.attr("is_cuda"))) {
+      t.device = {kDLCUDA, nb::cast<int32_t>(o.attr("get_device")())};
+    } else {
+      const std::string type = to_string(o.attr("device").attr("type"));
+      if (type != "cpu")
+        value_error(std::string(op_) + ": " + arg + ": a torch tensor on '" + type + "', expected the CPU or a CUDA device");
+      t.device = {kDLCPU, 0};
+    }
+    return true;
   }
 
   nb::object export_capsule(nb::handle o, const char* arg) {
