@@ -95,6 +95,11 @@ def case_cache(x, f, p, c, which):
     return fm, S, buf.reshape(pages, ps)
 
 
+def attention_outputs(x, T, H):
+    """out bf16 [T, H, 512] and lse f32 [T, H], NaN-filled as the tool's are."""
+    return x.put(np.full((T, H, 512), BF16_NAN, np.uint16)), x.put(np.full((T, H), np.nan, np.float32))
+
+
 def run_decode(f, x=Host):
     out = {}
     for ci, c in enumerate(f.meta["cases"]):
@@ -110,8 +115,7 @@ def run_decode(f, x=Host):
                       cmp_indices=g(p + "cmp_indices"), cmp_lens=g(p + "cmp_lens"))
         sched = dsv41kv.plan_decode_schedule("c1a" if with_cmp else "swaonly", T, num_heads=H,
                                              block_size=cmp_S if with_cmp else 64)
-        o = x.put(np.full((T, H, 512), BF16_NAN, np.uint16))
-        lse = x.put(np.full((T, H), np.nan, np.float32))
+        o, lse = attention_outputs(x, T, H)
         dsv41kv.sparse_decode(sched, g(p + "q"), swa, g(p + "swa_indices"), g(p + "swa_lens"), g(p + "sink"), o, lse,
                               swa_format=swa_fm, swa_states_per_page=swa_S, softmax_scale=c["softmax_scale"], **kw)
         out[p + "out"] = ("BF16", o)
@@ -125,8 +129,7 @@ def run_prefill(f, x=Host):
         p = f"c{ci}."
         g = lambda k: x.put(f.copy(k))
         T, H = c["num_tokens"], c["num_heads"]
-        o = x.put(np.full((T, H, 512), BF16_NAN, np.uint16))
-        lse = x.put(np.full((T, H), np.nan, np.float32))
+        o, lse = attention_outputs(x, T, H)
         dsv41kv.sparse_prefill(g(p + "q"), g(p + "kv"), g(p + "indices"), g(p + "topk_length"), g(p + "sink"), o, lse,
                                softmax_scale=c["softmax_scale"])
         out[p + "out"] = ("BF16", o)

@@ -124,6 +124,16 @@ def decode_prefix(lens, spec):
     return n
 
 
+def expected_rows(idx, lens, n, ndt):
+    """The canary-filled expectation of a decode-row builder before its rows are filled in: the
+    index rows of the decode tokens all -1, lengths 0 for every row < n, canaries beyond."""
+    widx = np.full_like(idx, CANARY)
+    widx[:ndt] = -1
+    wl = np.full_like(lens, CANARY)
+    wl[:n] = 0
+    return widx, wl
+
+
 @settings(max_examples=60, deadline=None)
 @given(batches(max_len=4), st.integers(0, 2))
 def test_split_and_swa_window(s, spec):
@@ -141,11 +151,8 @@ def test_split_and_swa_window(s, spec):
     got = dsv41kv.build_swa_window(qsl, s["positions"], slot_swa, s["block_table"], idx[:max_tokens],
                                    lens[:max_tokens], num_speculative_tokens=spec, page=32)
     assert got == split
-    widx = np.full_like(idx, CANARY)
-    wl = np.full_like(lens, CANARY)
-    wl[:max_tokens] = 0
+    widx, wl = expected_rows(idx, lens, max_tokens, ndt)
     for t in range(ndt):
-        widx[t] = -1
         if slot_swa[t] < 0:
             continue
         p = int(s["positions"][t])
@@ -172,11 +179,8 @@ def test_decode_topk_slots(s, S):
     idx = np.full((N + 1, K), CANARY, np.int32)
     lens = np.full(N + 1, CANARY, np.int32)
     dsv41kv.build_decode_topk_slots(qsl, slot_swa, topk, s["block_table"], idx[:N], lens[:N], states_per_page=S)
-    widx = np.full_like(idx, CANARY)
-    wl = np.full_like(lens, CANARY)
-    wl[:N] = 0
+    widx, wl = expected_rows(idx, lens, N, ndt)
     for t in range(ndt):
-        widx[t] = -1
         if slot_swa[t] < 0:
             continue
         for k in range(K):
