@@ -104,6 +104,14 @@ def _lists(indices, lengths, b, s_q, T):
     return idx, lens
 
 
+def _rows(x):
+    """x itself when its rows of 512 bf16 suit the CUDA kernels (inner stride 1, other strides
+    multiples of 8 elements: 16-byte aligned rows), else a contiguous copy."""
+    if x.stride(-1) == 1 and all(s % 8 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0:
+        return x
+    return x.contiguous()
+
+
 def _pad(x, width):
     if x.shape[1] == width:
         return x.contiguous()
@@ -198,9 +206,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
     T = b * s_q
-    q3 = q.reshape(T, h_q, 512)
-    if q3.stride(-1) != 1 or q3.stride(1) % 8 or q3.stride(0) % 8:
-        q3 = q3.contiguous()
+    q3 = _rows(q.reshape(T, h_q, 512))
     sink = attn_sink.float().contiguous() if attn_sink is not None else torch.full(
         (h_q,), -torch.inf, dtype=torch.float32, device=q.device)
     lists = [(_cache(k_cache, cache_format, "k_cache"), *_lists(indices, topk_length, b, s_q, T))]
@@ -232,7 +238,8 @@ def flash_mla_sparse_fwd(q: torch.Tensor, kv: torch.Tensor, indices: torch.Tenso
         raise ValueError("flash_mla_sparse_fwd: expected kv [s_kv, 1, 512] and indices [s_q, 1, topk] (h_kv = 1)")
     s_q, h_q, _ = q.shape
     idx = indices[:, 0, :].to(torch.int32).contiguous()
-    kv2 = kv[:, 0, :]
+    q = _rows(q)
+    kv2 = _rows(kv[:, 0, :])
     lens = (topk_length.to(torch.int32).contiguous() if topk_length is not None
             else torch.full((s_q,), idx.shape[1], dtype=torch.int32, device=q.device))
     sink = attn_sink.float().contiguous() if attn_sink is not None else torch.full(
