@@ -128,3 +128,42 @@ def test_cuda_array_in_cpu_build():
     out = np.zeros(2, np.int32)
     dsv41kv.build_token_to_req(FakeCuda(np.array([0, 2], np.int32)), out)
     assert (out == 0).all()
+
+
+def prefill_case():
+    rng = np.random.default_rng(2)
+    T, H, s_kv, K = 2, 8, 16, 8
+    return dict(q=rng.standard_normal((T, H, 512)).astype(BF16), kv=rng.standard_normal((s_kv, 512)).astype(BF16),
+                indices=rng.integers(0, s_kv, (T, K)).astype(np.int32), topk_length=np.full(T, K, np.int32),
+                sink=np.zeros(H, np.float32), out=np.full((T, H, 512), 3, np.uint16),
+                lse=np.full((T, H), -7.0, np.float32))
+
+
+ORDER = ["q", "kv", "indices", "topk_length", "sink", "out", "lse"]
+
+
+@pytest.mark.parametrize("arg", ORDER)
+@pytest.mark.parametrize("what", ["dtype", "shape", "stride"])
+def test_every_sparse_prefill_argument(arg, what):
+    """Each argument of one op made wrong in turn: the message names the op and that argument, and
+    neither output is touched."""
+    a = prefill_case()
+    v = a[arg]
+    if what == "dtype":
+        a[arg] = v.astype(np.float64) if v.dtype != np.float64 else v.astype(np.float32)
+        exc = TypeError
+    elif what == "shape":
+        a[arg] = v[0] if v.ndim > 1 else np.zeros(0, v.dtype)  # one rank less, or empty
+        exc = ValueError
+    else:
+        wide = np.zeros(v.shape[:-1] + (2 * v.shape[-1],), v.dtype)
+        a[arg] = wide[..., ::2]
+        exc = ValueError
+    out_before, lse_before = a["out"].copy(), a["lse"].copy()
+    with pytest.raises(exc) as e:
+        dsv41kv.sparse_prefill(*[a[k] for k in ORDER])
+    assert "sparse_prefill" in str(e.value) and arg in str(e.value), str(e.value)
+    if arg != "out":
+        assert (a["out"] == out_before).all()
+    if arg != "lse":
+        assert (a["lse"] == lse_before).all()
