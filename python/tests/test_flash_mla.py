@@ -111,7 +111,9 @@ def test_sparse_prefill(device):
     close(out.cpu(), lse.cpu(), ro, rl, abs_tol=8e-4, rel_tol=3.01 / 128)
     s = torch.einsum("thd,tkd->thk", q.double(), keys) * scale
     ml = s.masked_fill(~m[:, None, :], -torch.inf).amax(-1)
-    assert torch.equal(max_logits.cpu(), ml.float())
+    inf = torch.isinf(ml)
+    assert torch.equal(max_logits.cpu()[inf], ml.float()[inf])
+    assert torch.allclose(max_logits.cpu()[~inf].double(), ml[~inf], rtol=2.01 / 65536, atol=1e-6)
 
 
 def test_refuses_v32_records_and_dense_mode():
