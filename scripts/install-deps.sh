@@ -7,7 +7,7 @@
 # python3 already imports that version of cutlass_library.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ make pkg-config zlib1g-dev libgtest-dev libgmock-dev libbenchmark-dev
-      nlohmann-json3-dev libcli11-dev libfmt-dev)
+      nlohmann-json3-dev libcli11-dev libfmt-dev python3-venv python3-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
