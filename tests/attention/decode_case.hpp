@@ -76,6 +76,20 @@ struct DecodeCase {
     if (splits > 0) schedule.splits = splits;
   }
 
+  // The CUDA schedule of the current device; splits / head_tile > 0 override the planned ones.
+  void plan_cuda(int64_t splits = 0, int head_tile = 0) {
+    DecodeScheduleArgs a;
+    a.layer = layer();
+    a.num_tokens = spec.T;
+    a.num_heads = spec.H;
+    a.s_q = spec.s_q;
+    a.block_size = spec.block_size;
+    a.device = Device::CUDA;
+    schedule = plan_decode_schedule(a);
+    if (splits > 0) schedule.splits = splits;
+    if (head_tile > 0) schedule.head_tile = head_tile;
+  }
+
   SparseDecodeArgs args(Outputs& o) {
     SparseDecodeArgs a;
     a.schedule = &schedule;
