@@ -32,6 +32,7 @@
 #include "core/cuda/cuda_util.hpp"
 #include "core/cuda/memory.cuh"
 #include "core/cuda/mma.cuh"
+#include "dsv41kv/attention.hpp"
 #include "formats/cuda/fast_numerics.cuh"
 #include "formats/cuda/record_readers.cuh"
 
@@ -140,28 +141,31 @@ struct CacheSource {
   static constexpr bool kAsync = false;
   CacheList swa, cmp;
   bool with_cmp = false;
-  int64_t ncmp = 0, n = 0;  // of the current token
-  const int32_t* swa_row = nullptr;
-  const int32_t* cmp_row = nullptr;
-  __device__ void begin(int64_t t) {
+  // The key list of one token (the kernel parameter itself stays constant).
+  struct List {
+    int32_t ncmp, n;
+    const int32_t* swa_row;
+    const int32_t* cmp_row;
+  };
+  __device__ List begin(int64_t t) const {
     const int32_t ls = ld_early(swa.len + t);
-    const int64_t nswa = ls < 0 ? 0 : ls > swa.width ? swa.width : ls;
-    ncmp = 0;
+    const int32_t nswa = ls < 0 ? 0 : ls > swa.width ? swa.width : ls;
+    List l{0, 0, swa.idx + t * swa.idx_stride, nullptr};
     if (with_cmp) {
       const int32_t lc = ld_early(cmp.len + t);
-      ncmp = lc < 0 ? 0 : lc > cmp.width ? cmp.width : lc;
-      cmp_row = cmp.idx + t * cmp.idx_stride;
+      l.ncmp = lc < 0 ? 0 : lc > cmp.width ? cmp.width : lc;
+      l.cmp_row = cmp.idx + t * cmp.idx_stride;
     }
-    swa_row = swa.idx + t * swa.idx_stride;
-    n = ncmp + nswa;
+    l.n = l.ncmp + nswa;
+    return l;
   }
-  __device__ KeyRef entry(int64_t j) const {
+  __device__ KeyRef entry(const List& l, int64_t j) const {
     KeyRef k;
-    if (j < ncmp) {
-      k.e = cmp_row[j];
+    if (j < l.ncmp) {
+      k.e = l.cmp_row[j];
       k.src = 0;
-    } else if (j < n) {
-      k.e = swa_row[j - ncmp];
+    } else if (j < l.n) {
+      k.e = l.swa_row[j - l.ncmp];
       k.src = 1;
     }
     return k;
@@ -228,17 +232,18 @@ struct WorkspaceSource {
   int64_t idx_stride = 0;
   const int32_t* len = nullptr;
   int64_t topk = 0;
-  int64_t n = 0;
-  const int32_t* row = nullptr;
-  __device__ void begin(int64_t t) {
+  struct List {
+    int64_t n;
+    const int32_t* row;
+  };
+  __device__ List begin(int64_t t) const {
     const int32_t l = ld_early(len + t);
-    n = l < 0 ? 0 : l > topk ? topk : l;
-    row = idx + t * idx_stride;
+    return {l < 0 ? 0 : l > topk ? topk : l, idx + t * idx_stride};
   }
-  __device__ KeyRef entry(int64_t j) const {
+  __device__ KeyRef entry(const List& l, int64_t j) const {
     KeyRef k;
-    if (j < n) {
-      k.e = row[j];
+    if (j < l.n) {
+      k.e = l.row[j];
       k.src = 0;
     }
     return k;
@@ -260,8 +265,8 @@ struct WorkspaceSource {
 // loads are issued before their stores (fewer with the 64-head tile, whose O tiles hold 128
 // registers a thread).
 template <int NB, class Src>
-__device__ __forceinline__ void produce(const Src& src, int64_t b, int buf, uint32_t sk, int32_t* svalid, int warp,
-                                        int lane, KeyRef& pend) {
+__device__ __forceinline__ void produce(const Src& src, const typename Src::List& list, int64_t b, int buf, uint32_t sk,
+                                        int32_t* svalid, int warp, int lane, KeyRef& pend) {
   const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
   static_assert(kKeysPerWarp % NB == 0);
   const uint4 zero = make_uint4(0, 0, 0, 0);
@@ -310,14 +315,14 @@ __device__ __forceinline__ void produce(const Src& src, int64_t b, int buf, uint
     for (int i = 0; i < NB; ++i)
       if (lane == k0 + i) svalid[buf * kBlock + warp * kKeysPerWarp + lane] = ok[i] ? 1 : 0;
   }
-  if (lane < kKeysPerWarp) pend = src.entry((b + 1) * kBlock + warp * kKeysPerWarp + lane);
+  if (lane < kKeysPerWarp) pend = src.entry(list, (b + 1) * kBlock + warp * kKeysPerWarp + lane);
 }
 
 // One CTA: token t, head group g, split s (blockIdx.x = (t * head_groups + g) * splits + s).
 template <int HT, class Src>
-__global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, Src src) {
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, const Src src) {
   using L = Smem<HT>;
-  constexpr int kNB = HT == 64 ? DSV41KV_NB64 : 4;
+  constexpr int kNB = HT == 64 ? 2 : 4;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_address(smem);
   const uint32_t sq = sbase + L::q, sk = sbase + L::k, sp = sbase + L::p;
@@ -345,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
                  "r"(v.z), "r"(v.w)
                  : "memory");
   }
-  src.begin(t);
-  const int64_t nb = (src.n + kBlock - 1) / kBlock;
+  const typename Src::List list = src.begin(t);
+  const int64_t nb = (static_cast<int64_t>(list.n) + kBlock - 1) / kBlock;
   const int64_t per = (nb + p.splits - 1) / p.splits;
   const int64_t blo = split * per, bhi = blo + per < nb ? blo + per : nb;
 
@@ -364,8 +369,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
 
   KeyRef pend;
   if (blo < bhi) {
-    if (lane < kKeysPerWarp) pend = src.entry(blo * kBlock + warp * kKeysPerWarp + lane);
-    produce<kNB>(src, blo, 0, sk, svalid, warp, lane, pend);
+    if (lane < kKeysPerWarp) pend = src.entry(list, blo * kBlock + warp * kKeysPerWarp + lane);
+    produce<kNB>(src, list, blo, 0, sk, svalid, warp, lane, pend);
     if constexpr (Src::kAsync) cp_async_wait<0>();
   }
   __syncthreads();
@@ -458,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
       }
     }
     // ---- the next block into the other tile (its last reader, PV of block b - 1, is done)
-    if (b + 1 < bhi) produce<kNB>(src, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+    if (b + 1 < bhi) produce<kNB>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
     __syncthreads();  // (2) P and the rescale factors visible (and a record block b + 1 stored)
     // ---- O = alpha O + P V for dims [64 warp, +64)
 #pragma unroll
