@@ -5,8 +5,8 @@
 //
 // Every function validates all of its arguments on the host before touching any output and
 // throws dsv41kv::Error (E8) naming the argument, the value and what was expected. CUDA views run
-// CUDA kernels on ctx.stream (correctness-first forms so far: the attention within SPEC 9.7 of the
-// CPU, the gather, the index rows and the inverse RoPE bit for bit); their rows of 512 bf16 values
+// CUDA kernels on ctx.stream (the attention on tensor cores within SPEC 9.7 of the CPU, the
+// gather, the index rows and the inverse RoPE bit for bit); their rows of 512 bf16 values
 // must be 16-byte aligned with strides that are multiples of 8 elements (E8), and values in device
 // memory (slots, lengths, page ids) are not read on the host: an index a kernel cannot use is
 // masked or not written. The CPU backend is multi-threaded (ctx.num_threads) and its results do not depend on the
@@ -58,6 +58,9 @@ struct DecodeScheduleArgs {
   // Tokens per compressed kernel page (SPEC 6.7: 64 on SM90 and the CPU); the compressed cache of
   // a c1a / c2a layer has block_size / r states per page. Unused for swaonly.
   int64_t block_size = 64;
+  // Where the schedule runs: CPU splits by ctx's threads; CUDA splits and head tiles by the
+  // current device's SMs (the CUDA path of sparse_decode needs a CUDA schedule).
+  Device device = Device::CPU;
 };
 
 struct DecodeSchedule {
@@ -70,7 +73,15 @@ struct DecodeSchedule {
   int64_t key_blocks = 0;           // ceil(key_width / kDecodeKeyBlock): the most a token has
   int64_t splits = 1;               // work items per token, 1 .. key_blocks (any value in range
                                     // gives the same results; tests set it directly)
+  Device device = Device::CPU;      // as planned (DecodeScheduleArgs::device)
+  // CUDA: query heads per CTA (16, 32 or 64; H % head_tile == 0, or H = 8 in a 16-row tile).
+  // Any valid value gives results within SPEC 9.7; tests set it directly. 0 on the CPU.
+  int head_tile = 0;
 };
+// f32 elements of the split-K workspace sparse_decode needs on CUDA for this schedule:
+// T * splits * H * (512 + 1) when splits > 1 (the normalized partial rows and their lse), else 0.
+// The CPU backend needs none.
+int64_t sparse_decode_workspace_floats(const DecodeSchedule& schedule);
 // Plans the split from T, the key width and the threads of ctx (enough items to use every thread
 // when T is small). E8 for a bad layer type, T < 0, a head count outside kAttentionHeadCounts,
 // s_q outside 1..6 or not dividing T, or a block size that ratio r does not divide.
@@ -96,6 +107,9 @@ struct SparseDecodeArgs {
   float softmax_scale = 0.0f; // finite, > 0 (the model's 512^-0.5)
   TensorView out;             // bf16 [rows >= T, H, 512], inner stride 1; rows >= T untouched
   TensorView lse;             // f32 [rows >= T, H], inner stride 1; rows >= T untouched
+  // CUDA with splits > 1: f32 [>= sparse_decode_workspace_floats(*schedule)] on the device,
+  // 16-byte aligned, caller-owned (no allocation per call; graph-capturable); otherwise unused.
+  TensorView workspace;
 };
 void sparse_decode(const SparseDecodeArgs& args, const ExecContext& ctx = {});
 

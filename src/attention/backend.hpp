@@ -2,7 +2,7 @@
 // validation (plan.cpp), the planning of schedules and chunks (schedule.cpp) and the CPU backend
 // (cpu.cpp). plan_*() checks dtypes, shapes, strides, devices and scalars and returns the derived
 // sizes; check_*_values() additionally checks host index data. Both run before anything is
-// written. There is no CUDA backend yet: the dispatch refuses device views (core/dispatch.hpp).
+// written. Device views go to the CUDA backend (cuda/backend_cuda.hpp) through core/dispatch.hpp.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +80,18 @@ std::string attention_head_counts();
 // enough work items to use every thread when T is small (the decode schedule; the prefill op
 // plans its own with it). Never changes a result.
 int64_t plan_splits(int64_t T, int64_t key_blocks, int threads);
+
+// The CUDA decode schedule of T query rows of H heads with at most key_blocks key blocks on a
+// device of `sms` SMs: the head tile (16 for H <= 16, 32 for 32, else 64; 16 when even
+// single-block splits of 64-head tiles would leave SMs idle) and enough splits to give every SM
+// a CTA when T * head groups < sms (1 otherwise: batch 64+ of 64 heads needs no split).
+struct CudaDecodePlan {
+  int64_t splits = 1;
+  int head_tile = 64;
+};
+CudaDecodePlan plan_cuda_decode(int64_t T, int H, int64_t key_blocks, int sms);
+// A head tile the CUDA kernels have for H heads (DecodeSchedule::head_tile).
+bool cuda_head_tile_ok(int H, int head_tile);
 
 namespace cpu {
 // The attention ops with their block loops in `form` (the API takes the fastest this CPU runs; the

@@ -193,6 +193,28 @@ DecodePlan plan_sparse_decode(const SparseDecodeArgs& a) {
                         static_cast<int>(s.layer) > 2 ? "valid" : layer_type_name(s.layer), width, blocks, blocks));
   p.splits = s.splits;
   p.key_blocks = s.key_blocks;
+  if (p.device == Device::CUDA) {
+    if (s.device != Device::CUDA)
+      bad_arg(op, "schedule",
+              fmt::format("planned for {}, expected a schedule planned for cuda (DecodeScheduleArgs::device) for "
+                          "device views",
+                          device_name(s.device)));
+    if (!cuda_head_tile_ok(p.heads.H, s.head_tile))
+      bad_arg(op, "schedule",
+              fmt::format("head_tile = {}, expected 16, 32 or 64 dividing H = {} (16 for H = 8)", s.head_tile,
+                          p.heads.H));
+    const int64_t need = sparse_decode_workspace_floats(s);
+    if (need > 0) {
+      const int64_t n = need_vector(op, a.workspace, "workspace", DType::F32,
+                                    "f32 split-K workspace of sparse_decode_workspace_floats(schedule) elements");
+      if (n < need)
+        bad_arg(op, "workspace",
+                fmt::format("{} elements, expected >= {} (sparse_decode_workspace_floats: T {} x splits {} x H {} x "
+                            "513)",
+                            n, need, T, s.splits, p.heads.H));
+      need_device(op, a.workspace, "workspace", p.device, "q");
+    }
+  }
 
   need_swa_cache(op, a.swa_cache);
   p.swa_capacity = a.swa_cache.num_pages * a.swa_cache.states_per_page;

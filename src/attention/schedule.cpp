@@ -6,6 +6,7 @@
 #include <string>
 
 #include "attention/backend.hpp"
+#include "attention/cuda/backend_cuda.hpp"
 #include "core/parallel.hpp"
 #include "core/validate.hpp"
 
@@ -29,7 +30,29 @@ int64_t plan_splits(int64_t T, int64_t key_blocks, int threads) {
   return std::clamp<int64_t>(want, 1, key_blocks);
 }
 
+CudaDecodePlan plan_cuda_decode(int64_t T, int H, int64_t key_blocks, int sms) {
+  CudaDecodePlan c;
+  const auto items_of = [&](int ht) { return T * ((H + ht - 1) / ht); };
+  c.head_tile = H <= 16 ? 16 : H == 32 ? 32 : 64;
+  // too few (token, head group) items to fill the SMs even when split into single blocks: 16-head
+  // tiles quadruple them (the keys are dequantized once per tile, which is cheap next to idle SMs)
+  if (c.head_tile > 16 && items_of(c.head_tile) * key_blocks < sms) c.head_tile = 16;
+  const int64_t items = items_of(c.head_tile);
+  c.splits = items <= 0 || items >= sms ? 1 : std::clamp<int64_t>((sms + items - 1) / items, 1, key_blocks);
+  return c;
+}
+
+bool cuda_head_tile_ok(int H, int head_tile) {
+  if (head_tile != 16 && head_tile != 32 && head_tile != 64) return false;
+  return H % head_tile == 0 || (H == 8 && head_tile == 16);
+}
+
 }  // namespace detail
+
+int64_t sparse_decode_workspace_floats(const DecodeSchedule& s) {
+  if (s.splits <= 1 || s.num_tokens <= 0) return 0;
+  return s.num_tokens * s.splits * s.num_heads * (kLatentDim + 1);
+}
 
 DecodeSchedule plan_decode_schedule(const DecodeScheduleArgs& a, const ExecContext& ctx) {
   const char* op = "plan_decode_schedule";
@@ -60,7 +83,19 @@ DecodeSchedule plan_decode_schedule(const DecodeScheduleArgs& a, const ExecConte
   }
   s.key_width = kSwaWindow + (r > 0 ? kIndexTopk : 0);
   s.key_blocks = (s.key_width + kDecodeKeyBlock - 1) / kDecodeKeyBlock;
-  s.splits = detail::plan_splits(s.num_tokens, s.key_blocks, detail::cpu_threads(ctx));
+  s.device = a.device;
+  if (a.device == Device::CPU) {
+    s.splits = detail::plan_splits(s.num_tokens, s.key_blocks, detail::cpu_threads(ctx));
+  } else {
+#if defined(DSV41KV_WITH_CUDA)
+    const detail::CudaDecodePlan c =
+        detail::plan_cuda_decode(s.num_tokens, s.num_heads, s.key_blocks, detail::cuda::sm_count());
+    s.splits = c.splits;
+    s.head_tile = c.head_tile;
+#else
+    detail::no_cuda(op);
+#endif
+  }
   return s;
 }
 

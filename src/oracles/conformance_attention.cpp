@@ -246,6 +246,7 @@ FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Opti
       sa.num_tokens = T;
       sa.num_heads = static_cast<int>(H);
       sa.block_size = with_cmp ? cmp.states_per_page : 64;
+      sa.device = dev;
       const DecodeSchedule sched = plan_decode_schedule(sa, ctx);
       SparseDecodeArgs a;
       a.schedule = &sched;
@@ -262,6 +263,10 @@ FileResult run_sparse_decode(const SafetensorsFile& f, const json& j, const Opti
         a.cmp_indices = stg.view(f.view(p + "cmp_indices"));
         a.cmp_lens = stg.view(f.view(p + "cmp_lens"));
       }
+      // the split-K partials of the CUDA path (the CPU keeps its own)
+      std::vector<float> ws(dev == Device::CUDA ? static_cast<size_t>(sparse_decode_workspace_floats(sched)) : 0);
+      if (!ws.empty())
+        a.workspace = stg.view(TensorView::contiguous(ws.data(), DType::F32, {static_cast<int64_t>(ws.size())}));
       sparse_decode(a, ctx);
     };
   });

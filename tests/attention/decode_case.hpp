@@ -64,16 +64,27 @@ struct DecodeCase {
     return c;
   }
 
-  // A schedule planned for `threads`; splits > 0 overrides the planned split.
-  void plan(int64_t splits, int threads) {
+  // The schedule arguments of this case on `device`.
+  DecodeScheduleArgs schedule_args(Device device) const {
     DecodeScheduleArgs a;
     a.layer = layer();
     a.num_tokens = spec.T;
     a.num_heads = spec.H;
     a.s_q = spec.s_q;
     a.block_size = spec.block_size;
-    schedule = plan_decode_schedule(a, ExecContext{nullptr, threads});
+    a.device = device;
+    return a;
+  }
+  // A schedule planned for `threads`; splits > 0 overrides the planned split.
+  void plan(int64_t splits, int threads) {
+    schedule = plan_decode_schedule(schedule_args(Device::CPU), ExecContext{nullptr, threads});
     if (splits > 0) schedule.splits = splits;
+  }
+  // The CUDA schedule of the current device; splits / head_tile > 0 override the planned ones.
+  void plan_cuda(int64_t splits = 0, int head_tile = 0) {
+    schedule = plan_decode_schedule(schedule_args(Device::CUDA));
+    if (splits > 0) schedule.splits = splits;
+    if (head_tile > 0) schedule.head_tile = head_tile;
   }
 
   SparseDecodeArgs args(Outputs& o) {

@@ -1,15 +1,21 @@
 // The CUDA sparse attention (sparse_decode over the paged caches, sparse_prefill over a bf16
-// workspace) against the binary64 reference with the SPEC 9.7 rule, and against the CPU backend
-// with the same rule, on fresh random calls: every record format of both caches, head counts
-// 8..128 (padded), s_q 1..6, empty and masked rows, sinks -inf / +inf, garbage past the lengths,
-// rows beyond T untouched.
+// workspace; the tensor-core mainloop of attention/cuda/sparse_mla.cuh) against the binary64
+// reference and the CPU backend with the SPEC 9.7 rule, on fresh random calls: every record format
+// of both caches, head counts 8..128 (padded), s_q 1..6, forced splits and head tiles, empty and
+// masked rows, sinks -inf / +inf / finite, garbage past the lengths, rows beyond T untouched;
+// decode and prefill bit for bit on the same keys.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "attention/backend.hpp"
+#include "attention/cuda/backend_cuda.hpp"
 #include "attention/decode_case.hpp"
 #include "support/gpu_util.hpp"
 
@@ -43,6 +49,67 @@ void download(const DeviceBuffer<uint16_t>& out, const DeviceBuffer<float>& lse,
   for (size_t i = 0; i < b.size(); ++i) o.lse[i] = b[i];
 }
 
+// The CPU backend's outputs as the expectation of the SPEC 9.7 rule (the CPU is the reference of
+// the house; it is itself checked against the binary64 reference).
+Expected expected_of(const Outputs& cpu) {
+  Expected e;
+  e.H = static_cast<int>(cpu.H);
+  const size_t n = static_cast<size_t>(cpu.T * cpu.H);
+  for (size_t i = 0; i < n * kLatentDim; ++i) e.out.push_back(num::bf16_decode(cpu.out[i]));
+  for (size_t i = 0; i < n; ++i) e.lse.push_back(cpu.lse[i]);
+  return e;
+}
+
+// The device copies of a decode case's inputs (the caches, index rows, queries and sinks).
+struct DeviceDecode {
+  DeviceCache swa;
+  std::unique_ptr<DeviceCache> cmp;
+  DeviceBuffer<uint16_t> q;
+  DeviceBuffer<float> sink;
+  DeviceBuffer<int32_t> si, sl, ci, cl;
+  explicit DeviceDecode(const DecodeCase& c)
+      : swa(*c.swa), q(c.q), sink(c.sink), si(c.swa_idx), sl(c.swa_len),
+        ci(c.spec.ratio > 0 ? c.cmp_idx : std::vector<int32_t>(1)), cl(c.spec.ratio > 0 ? c.cmp_len : std::vector<int32_t>(1)) {
+    if (c.spec.ratio > 0) cmp = std::make_unique<DeviceCache>(*c.cmp);
+  }
+  // sparse_decode on the device with c's (CUDA) schedule into canary-filled outputs like `like`.
+  Outputs run(DecodeCase& c) {
+    const DecodeSpec& s = c.spec;
+    Outputs gpu(s.T, s.H);
+    DeviceBuffer<uint16_t> dout(gpu.out.vec());
+    DeviceBuffer<float> dlse(gpu.lse.vec());
+    const int64_t wsn = sparse_decode_workspace_floats(c.schedule);
+    DeviceBuffer<float> dws(std::vector<float>(static_cast<size_t>(std::max<int64_t>(wsn, 1)), kLseCanary));
+    SparseDecodeArgs a = c.args(gpu);
+    const int64_t rows = s.T + s.extra_index_rows;
+    a.q = q.view({s.T, s.H, kLatentDim});
+    a.swa_cache = swa.view;
+    a.swa_indices = si.view({rows, kSwaWindow});
+    a.swa_lens = sl.view1();
+    if (s.ratio > 0) {
+      a.cmp_cache = cmp->view;
+      a.cmp_indices = ci.view({rows, kIndexTopk});
+      a.cmp_lens = cl.view1();
+    }
+    a.sink = sink.view1();
+    a.out = dout.view({s.T, s.H, kLatentDim});
+    a.lse = dlse.view({s.T, s.H});
+    if (wsn > 0) a.workspace = dws.view1();
+    sparse_decode(a);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    download(dout, dlse, gpu);
+    return gpu;
+  }
+};
+
+std::string decode_name(const DecodeCase& c) {
+  const DecodeSpec& s = c.spec;
+  return std::string(record_info(s.swa_format).name) + " + " + (s.ratio > 0 ? record_info(s.cmp_format).name : "-") +
+         " r" + std::to_string(s.ratio) + " H " + std::to_string(s.H) + " s_q " + std::to_string(s.s_q) + " T " +
+         std::to_string(s.T) + " splits " + std::to_string(c.schedule.splits) + " tile " +
+         std::to_string(c.schedule.head_tile);
+}
+
 TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
   struct Shape {
     int H, real, s_q, ratio;
@@ -63,45 +130,140 @@ TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
         s.T = sh.T;
         s.swa_format = sf;
         s.cmp_format = cf;
-        const std::string what = std::string(record_info(sf).name) + " + " + record_info(cf).name + " H " +
-                                 std::to_string(sh.H) + " r" + std::to_string(sh.ratio);
         DecodeCase c = DecodeCase::make(s, rng());
-        Outputs cpu(s.T, s.H), gpu(s.T, s.H);
+        Outputs cpu(s.T, s.H);
         sparse_decode(c.args(cpu));
-        DeviceCache swa(*c.swa);
-        std::unique_ptr<DeviceCache> cmp;
-        if (s.ratio > 0) cmp = std::make_unique<DeviceCache>(*c.cmp);
-        DeviceBuffer<uint16_t> dq(c.q), dout(gpu.out.vec());
-        DeviceBuffer<float> dsink(c.sink), dlse(gpu.lse.vec());
-        DeviceBuffer<int32_t> dsi(c.swa_idx), dsl(c.swa_len);
-        DeviceBuffer<int32_t> dci(s.ratio > 0 ? c.cmp_idx : std::vector<int32_t>(1)),
-            dcl(s.ratio > 0 ? c.cmp_len : std::vector<int32_t>(1));
-        SparseDecodeArgs a = c.args(gpu);
-        const int64_t rows = s.T + s.extra_index_rows;
-        a.q = dq.view({s.T, s.H, kLatentDim});
-        a.swa_cache = swa.view;
-        a.swa_indices = dsi.view({rows, kSwaWindow});
-        a.swa_lens = dsl.view1();
-        if (s.ratio > 0) {
-          a.cmp_cache = cmp->view;
-          a.cmp_indices = dci.view({rows, kIndexTopk});
-          a.cmp_lens = dcl.view1();
-        }
-        a.sink = dsink.view1();
-        a.out = dout.view({s.T, s.H, kLatentDim});
-        a.lse = dlse.view({s.T, s.H});
-        sparse_decode(a);
-        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        download(dout, dlse, gpu);
+        c.plan_cuda();
+        DeviceDecode d(c);
+        const Outputs gpu = d.run(c);
         const Expected e = c.expected();
-        expect_agrees(gpu, e, "cuda " + what);
-        expect_agrees(cpu, e, "cpu " + what);
+        expect_agrees(gpu, e, "cuda " + decode_name(c));
+        expect_agrees(cpu, e, "cpu " + decode_name(c));
       }
 }
 
+// Every head count x s_q x forced split (1, some, one block each) x head tile the kernels have,
+// with lengths 0 / partial / full, masked entries, sinks -inf / +inf / finite (DecodeCase), for a
+// 584 + 584 ratio-1 and a 528 + 288 ratio-2 layer and a swaonly one: against the CPU backend.
+TEST_F(AttentionGpu, DecodeSweepsHeadsQueriesSplitsAndTiles) {
+  struct Pair {
+    RecordFormat swa, cmp;
+    int ratio;
+  };
+  for (const Pair pr : {Pair{RecordFormat::V4_584, RecordFormat::V4_584, 1},
+                        Pair{RecordFormat::MXFP8_528, RecordFormat::NVFP4_288, 2},
+                        Pair{RecordFormat::V4_584, RecordFormat::V4_584, 0}})
+    for (const int H : {8, 16, 64, 128})
+      for (const int s_q : {1, 2, 6}) {
+        DecodeSpec s;
+        s.H = H;
+        s.s_q = s_q;
+        s.ratio = pr.ratio;
+        s.T = 12;
+        s.swa_format = pr.swa;
+        s.cmp_format = pr.cmp;
+        DecodeCase c = DecodeCase::make(s, rng());
+        Outputs cpu(s.T, s.H);
+        sparse_decode(c.args(cpu));
+        const Expected e = expected_of(cpu);
+        DeviceDecode d(c);
+        const int64_t blocks = c.schedule.key_blocks;
+        for (const int64_t splits : {int64_t{1}, std::min<int64_t>(3, blocks), blocks})
+          for (const int tile : {16, 32, 64}) {
+            if (!detail::cuda_head_tile_ok(H, tile)) continue;
+            c.plan_cuda(splits, tile);
+            expect_agrees(d.run(c), e, "cuda vs cpu " + decode_name(c));
+          }
+      }
+}
+
+// The CUDA schedule itself: batch 128 and 256 of the V4.1-Flash shape need no split with 64-head
+// tiles; batch 2 fills the SMs with 16-head tiles and splits.
+TEST_F(AttentionGpu, DecodeScheduleFillsTheDevice) {
+  for (const int64_t T : {4, 256, 512}) {
+    DecodeScheduleArgs a;
+    a.layer = LayerType::kC2A;
+    a.num_tokens = T;
+    a.num_heads = 64;
+    a.s_q = 2;
+    a.device = Device::CUDA;
+    const DecodeSchedule s = plan_decode_schedule(a);
+    EXPECT_EQ(s.device, Device::CUDA);
+    const int sms = detail::cuda::sm_count();
+    const int64_t ctas = T * (64 / s.head_tile) * s.splits;
+    if (T * 1 >= sms) {
+      EXPECT_EQ(s.splits, 1) << T;
+      EXPECT_EQ(s.head_tile, 64) << T;
+    } else {
+      EXPECT_GE(ctas, sms) << T;
+    }
+  }
+}
+
+// Decode over the paged caches and prefill over a workspace holding the same dequantized keys at
+// the same list positions (masked entries as -1) give the same bits: one mainloop, the same
+// blocks and merge order, exact dequantization (SPEC 5.3, 9.5).
+TEST_F(AttentionGpu, DecodeAndPrefillAgreeOnTheSameKeys) {
+  for (const int H : {8, 64, 128}) {
+    DecodeSpec s;
+    s.H = H;
+    s.s_q = 2;
+    s.ratio = 2;
+    s.T = 10;
+    s.swa_format = RecordFormat::V4_584;
+    s.cmp_format = RecordFormat::MXFP8_528;
+    DecodeCase c = DecodeCase::make(s, rng());
+    c.plan_cuda(1, H <= 16 ? 16 : 64);
+    DeviceDecode d(c);
+    const Outputs dec = d.run(c);
+    // the workspace: token t's list entries in order (compressed, then SWA)
+    std::vector<uint16_t> kv;
+    const int64_t width = kPrefillIndexWidth;
+    std::vector<int32_t> idx(static_cast<size_t>(s.T * width), -1), len(static_cast<size_t>(s.T));
+    int64_t rows = 0;
+    for (int64_t t = 0; t < s.T; ++t) {
+      int64_t j = 0;
+      const auto add = [&](const RandomCache& cache, const std::vector<int32_t>& ix, const std::vector<int32_t>& ln,
+                           int64_t w) {
+        for (int32_t e = 0; e < ln[static_cast<size_t>(t)]; ++e, ++j) {
+          const int32_t slot = ix[static_cast<size_t>(t * w + e)];
+          if (slot < 0 || slot >= cache.capacity()) continue;
+          append(kv, dequantized(cache.view, {slot}));
+          idx[static_cast<size_t>(t * width + j)] = static_cast<int32_t>(rows++);
+        }
+      };
+      add(*c.cmp, c.cmp_idx, c.cmp_len, kIndexTopk);
+      add(*c.swa, c.swa_idx, c.swa_len, kSwaWindow);
+      len[static_cast<size_t>(t)] = static_cast<int32_t>(j);
+    }
+    kv.resize(static_cast<size_t>(std::max<int64_t>(rows, 1) * kLatentDim), 0);
+    Outputs pre(s.T, s.H);
+    DeviceBuffer<uint16_t> dkv(kv), dout(pre.out.vec());
+    DeviceBuffer<int32_t> didx(idx), dlen(len);
+    DeviceBuffer<float> dlse(pre.lse.vec());
+    SparsePrefillArgs a;
+    a.q = d.q.view({s.T, s.H, kLatentDim});
+    a.kv = dkv.view({std::max<int64_t>(rows, 1), kLatentDim});
+    a.indices = didx.view({s.T, width});
+    a.topk_length = dlen.view1();
+    a.sink = d.sink.view1();
+    a.softmax_scale = c.scale;
+    a.out = dout.view({s.T, s.H, kLatentDim});
+    a.lse = dlse.view({s.T, s.H});
+    sparse_prefill(a);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    download(dout, dlse, pre);
+    EXPECT_TRUE(pre.same_bits(dec)) << "H " << H;
+    expect_agrees(pre, c.expected(), "prefill of the decode keys H " + std::to_string(H));
+  }
+}
+
 TEST_F(AttentionGpu, PrefillAgreesWithTheReference) {
-  for (const int H : {16, 64, 128}) {
-    const int64_t T = 9, s_kv = 700, topk = kPrefillIndexWidth;
+  // 640-wide rows (512 + 128) and 1152-wide ones (1024 + 128), lengths 0, full and below the width
+  for (const auto& [H, topk] : {std::pair{8, int64_t{kPrefillIndexWidth}}, std::pair{16, int64_t{kPrefillIndexWidth}},
+                                std::pair{64, int64_t{kPrefillIndexWidth}}, std::pair{128, int64_t{kPrefillIndexWidth}},
+                                std::pair{64, int64_t{1152}}}) {
+    const int64_t T = 9, s_kv = 1400;
     std::vector<uint16_t> kv(static_cast<size_t>(s_kv * kLatentDim)), q(static_cast<size_t>(T * H * kLatentDim));
     for (auto& v : kv) v = random_bf16_value(rng(), 3.0);
     for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng().normal()));
@@ -143,7 +305,7 @@ TEST_F(AttentionGpu, PrefillAgreesWithTheReference) {
       }
       e.add(q.data() + t * H * kLatentDim, kLatentDim, keys, sink.data(), a.softmax_scale);
     }
-    expect_agrees(gpu, e, "cuda prefill H " + std::to_string(H));
+    expect_agrees(gpu, e, "cuda prefill H " + std::to_string(H) + " width " + std::to_string(topk));
   }
 }
 

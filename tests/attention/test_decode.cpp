@@ -6,7 +6,9 @@
 
 #include <cstring>
 #include <string>
+#include <tuple>
 
+#include "attention/backend.hpp"
 #include "attention/decode_case.hpp"
 
 namespace dsv41kv::test {
@@ -203,6 +205,43 @@ TEST_F(Decode, StridedViews) {
       ASSERT_EQ(num::f2u(lw[static_cast<size_t>(t * (s.H + 3) + k)]), num::f2u(kLseCanary));
   }
   expect_agrees(o, c.expected(), "strided views");
+}
+
+// The CUDA decode schedule (host planning, no device needed): the V4.1-Flash decode shape (64
+// heads, s_q 2, 128 + 512 keys = 10 blocks) on 132 SMs needs no split from batch 66 up; small
+// batches get 16-head tiles and enough splits to give every SM a CTA, never more splits than
+// blocks; the workspace is sized by the split.
+TEST(DecodeSchedule, CudaPlanSplitsOnlySmallBatchesAndFillsTheSms) {
+  using detail::plan_cuda_decode;
+  for (const int64_t T : {256, 512}) {
+    const detail::CudaDecodePlan c = plan_cuda_decode(T, 64, 10, 132);
+    EXPECT_EQ(c.splits, 1) << T;
+    EXPECT_EQ(c.head_tile, 64) << T;
+  }
+  const detail::CudaDecodePlan b2 = plan_cuda_decode(4, 64, 10, 132);  // batch 2, s_q 2
+  EXPECT_EQ(b2.head_tile, 16);
+  EXPECT_GE(4 * 4 * b2.splits, 132);
+  EXPECT_LE(b2.splits, 10);
+  const detail::CudaDecodePlan m = plan_cuda_decode(40, 64, 10, 132);
+  EXPECT_EQ(m.head_tile, 64);
+  EXPECT_EQ(m.splits, 4);
+  const detail::CudaDecodePlan h8 = plan_cuda_decode(8, 8, 2, 132);
+  EXPECT_EQ(h8.head_tile, 16);
+  EXPECT_EQ(h8.splits, 2);
+  EXPECT_EQ(plan_cuda_decode(100, 128, 10, 132).splits, 1);
+  EXPECT_EQ(plan_cuda_decode(0, 64, 10, 132).splits, 1);
+  EXPECT_EQ(plan_cuda_decode(16, 32, 10, 132).head_tile, 32);
+  for (const auto& [H, tile, ok] : {std::tuple{8, 16, true}, std::tuple{8, 32, false}, std::tuple{16, 16, true},
+                                    std::tuple{16, 64, false}, std::tuple{32, 32, true}, std::tuple{64, 16, true},
+                                    std::tuple{128, 64, true}, std::tuple{64, 48, false}, std::tuple{64, 0, false}})
+    EXPECT_EQ(detail::cuda_head_tile_ok(H, tile), ok) << H << " " << tile;
+  DecodeSchedule s;
+  s.num_tokens = 4;
+  s.num_heads = 64;
+  s.splits = 3;
+  EXPECT_EQ(sparse_decode_workspace_floats(s), 4 * 3 * 64 * 513);
+  s.splits = 1;
+  EXPECT_EQ(sparse_decode_workspace_floats(s), 0);
 }
 
 }  // namespace

@@ -15,6 +15,15 @@
 namespace dsv41kv::test {
 namespace {
 
+// Every view of a decode case on the device, with a CUDA schedule for it (H = 16: 16-head tiles).
+void cuda_views(DecodeCase& c, SparseDecodeArgs& a) {
+  for (TensorView* v : {&a.q, &a.swa_indices, &a.swa_lens, &a.cmp_indices, &a.cmp_lens, &a.sink, &a.out, &a.lse})
+    v->device = Device::CUDA;
+  a.swa_cache.device = a.cmp_cache.device = Device::CUDA;
+  c.schedule.device = Device::CUDA;
+  c.schedule.head_tile = 16;
+}
+
 constexpr ErrorCode E8 = ErrorCode::kInvalidArgument;
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 
@@ -81,13 +90,25 @@ TEST_F(Validation, SparseDecode) {
       {"cache device", [](DecodeCase&, SparseDecodeArgs& a) { a.swa_cache.device = Device::CUDA; }, {"swa_cache: on cuda, expected cpu like q"}},
       // device views are not read on the host: a CUDA build's backend refuses query rows its
       // vector loads cannot read before any launch, a build without CUDA every device view
-      {"cuda views", [](DecodeCase&, SparseDecodeArgs& a) {
-         for (TensorView* v : {&a.q, &a.swa_indices, &a.swa_lens, &a.cmp_indices, &a.cmp_lens, &a.sink, &a.out, &a.lse}) v->device = Device::CUDA;
-         a.swa_cache.device = a.cmp_cache.device = Device::CUDA;
+      {"cuda views", [](DecodeCase& c, SparseDecodeArgs& a) {
+         cuda_views(c, a);
          a.q.stride[1] = 516;
          a.q.stride[0] = 516 * a.q.shape[1]; },
        {built_with_cuda() ? "expected multiples of 8 elements on cuda (16-byte rows)"
                           : "sparse_decode: the views are on cuda, but dsv41kv was built without CUDA"}},
+      // the CUDA path's schedule and split-K workspace (checked on the host in every build)
+      {"cuda views, cpu schedule", [](DecodeCase& c, SparseDecodeArgs& a) { cuda_views(c, a); c.schedule.device = Device::CPU; },
+       {"sparse_decode: schedule: planned for cpu, expected a schedule planned for cuda"}},
+      {"cuda head tile", [](DecodeCase& c, SparseDecodeArgs& a) { cuda_views(c, a); c.schedule.head_tile = 64; },
+       {"sparse_decode: schedule: head_tile = 64, expected 16, 32 or 64 dividing H = 16"}},
+      {"cuda split without workspace", [](DecodeCase& c, SparseDecodeArgs& a) { cuda_views(c, a); c.schedule.splits = 3; },
+       {"sparse_decode: workspace: absent, expected f32 split-K workspace"}},
+      {"cuda split, small workspace", [](DecodeCase& c, SparseDecodeArgs& a) {
+         cuda_views(c, a);
+         c.schedule.splits = 3;
+         static float w[16];
+         a.workspace = TensorView::contiguous(w, DType::F32, {16}, Device::CUDA); },
+       {"sparse_decode: workspace: 16 elements, expected >= 123120 (sparse_decode_workspace_floats: T 5 x splits 3 x H 16 x 513)"}},
   };
   DecodeSpec s;
   s.T = 5;

@@ -1,14 +1,12 @@
-// Sparse MLA with sink on CUDA (SPEC 9.2-9.4, 9.5 step 3), correctness-first: one warp per (query
-// token, head), lane l owning dims [16l, 16l + 16) (the record readers' layout), the keys of the
-// token's list one after the other with an online softmax in fp32 (scores by an fma chain over
-// the lane's dims and a butterfly sum, exp by expf, probabilities kept in fp32), the sink once at
-// the end. The result agrees with the CPU backend within SPEC 9.7 (not bit for bit: the CPU
-// merges 64-key blocks in binary64-rounded exps). K = V = the key's dequantized 512-d state
-// (formats/cuda/record_readers.cuh for the caches, the bf16 rows for the workspace). Indices a
-// kernel cannot use (a slot beyond the cache) are masked; the host checks them for host views.
-// The tensor-core kernels of issue 23 replace this form; its tests stay.
+// The attention ops on CUDA: sparse MLA with sink (SPEC 9.2-9.4, 9.5 step 3) on tensor cores
+// (sparse_mla.cuh: one mainloop for decode over the paged caches and prefill over the bf16
+// workspace, the split-K merge), and the correctness-first one-warp-per-row forms of the output
+// inverse RoPE (9.6), the workspace gather (9.5 step 1) and the combined index rows (step 2),
+// bit for bit the CPU's. Indices a kernel cannot use (a slot beyond the cache) are masked; the
+// host checks them for host views.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -17,145 +15,13 @@
 #include "core/cuda/memory.cuh"
 #include "core/validate.hpp"
 #include "formats/cuda/fast_numerics.cuh"
+#include "attention/cuda/sparse_mla.cuh"
 #include "formats/cuda/record_readers.cuh"
 
 namespace dsv41kv::detail::cuda {
 namespace {
 
 constexpr int kWarps = 4;
-
-struct Heads {
-  const uint16_t* q = nullptr;
-  int64_t q_tok = 0, q_head = 0;
-  uint16_t* out = nullptr;
-  int64_t out_tok = 0, out_head = 0;
-  float* lse = nullptr;
-  int64_t lse_tok = 0;
-  const float* sink = nullptr;
-  float scale = 0;
-  int64_t T = 0;
-  int H = 0;
-};
-
-// A cache key list: `idx` rows of global slots with lengths.
-struct CacheList {
-  const uint8_t* base = nullptr;
-  int64_t S = 1, page_stride = 0, row_stride = 0, capacity = 0;
-  float fp8_scale = 1.0f;
-  const int32_t* idx = nullptr;
-  int64_t idx_stride = 0;
-  const int32_t* len = nullptr;
-};
-
-template <int F>
-__device__ __forceinline__ bool load_cache_key(const CacheList& c, int64_t t, int j, int d0, float (&k)[16]) {
-  const int64_t slot = c.idx[t * c.idx_stride + j];
-  if (slot < 0 || slot >= c.capacity) return false;
-  const int64_t page = slot / c.S, r = slot % c.S;
-  uint16_t b[16];
-  read_record_dims<F, 16>(c.base + page * c.page_stride, c.S, r, c.row_stride, c.fp8_scale, d0, b);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) k[i] = num::bf16_decode(b[i]);
-  return true;
-}
-
-// The online softmax state of one (token, head) row over this lane's dims.
-struct Row {
-  float q[16], acc[16];
-  float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
-  bool any = false;
-  __device__ void add(const float (&k)[16], float scale) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) s = fmaf(q[i], k[i], s);
-#pragma unroll
-    for (int h = 16; h >= 1; h >>= 1) s += __shfl_xor_sync(0xFFFFFFFFu, s, h);
-    const float z = scale * s;
-    const float mn = fmaxf(m, z);
-    const float a = any ? expf(m - mn) : 0.0f, b = expf(z - mn);
-    l = l * a + b;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) acc[i] = acc[i] * a + b * k[i];
-    m = mn;
-    any = true;
-  }
-};
-
-__device__ void begin(const Heads& p, int64_t t, int h, int lane, Row& row) {
-  float x[16];
-  uint16_t bits[16];
-  load_bf16<16>(p.q + t * p.q_tok + h * p.q_head + 16 * lane, x, bits);
-#pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    row.q[i] = x[i];
-    row.acc[i] = 0.0f;
-  }
-}
-
-// SPEC 9.2 / 9.3: the sink once; a row without a key is 0 with lse +inf whatever the sink.
-__device__ void finish(const Heads& p, int64_t t, int h, int lane, const Row& row) {
-  const float inf = std::numeric_limits<float>::infinity();
-  const float s = p.sink[h];
-  uint16_t o[16];
-  float r = 0.0f;
-  if (row.any && s != inf) {
-    const float M = fmaxf(row.m, s);
-    const float a = expf(row.m - M), b = expf(s - M);
-    r = a / (row.l * a + b);
-  }
-#pragma unroll
-  for (int i = 0; i < 16; ++i) o[i] = num::bf16_encode(row.acc[i] * r);
-  uint32_t w[8];
-  pack_bf16<16>(o, w);
-  store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + 16 * lane), w);
-  if (lane == 0) p.lse[t * p.lse_tok + h] = row.any ? row.m + logf(row.l) : inf;
-}
-
-template <int FS, int FC>
-__global__ void __launch_bounds__(32 * kWarps) decode_kernel(const Heads p, const CacheList swa, const CacheList cmp,
-                                                              bool with_cmp) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (w >= p.T * p.H) return;
-  const int64_t t = w / p.H;
-  const int h = static_cast<int>(w % p.H);
-  Row row;
-  begin(p, t, h, lane, row);
-  float k[16];
-  if (with_cmp)  // the compressed keys, then the window (the CPU's key order)
-    for (int j = 0; j < cmp.len[t]; ++j)
-      if (load_cache_key<FC>(cmp, t, j, 16 * lane, k)) row.add(k, p.scale);
-  for (int j = 0; j < swa.len[t]; ++j)
-    if (load_cache_key<FS>(swa, t, j, 16 * lane, k)) row.add(k, p.scale);
-  finish(p, t, h, lane, row);
-}
-
-struct Workspace {
-  const uint16_t* kv = nullptr;
-  int64_t s_kv = 0, kv_stride = 0;
-  const int32_t* idx = nullptr;
-  int64_t idx_stride = 0;
-  const int32_t* len = nullptr;
-};
-
-__global__ void __launch_bounds__(32 * kWarps) prefill_kernel(const Heads p, const Workspace ws) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (w >= p.T * p.H) return;
-  const int64_t t = w / p.H;
-  const int h = static_cast<int>(w % p.H);
-  Row row;
-  begin(p, t, h, lane, row);
-  float k[16];
-  uint16_t bits[16];
-  for (int j = 0; j < ws.len[t]; ++j) {
-    const int64_t i = ws.idx[t * ws.idx_stride + j];
-    if (i < 0 || i >= ws.s_kv) continue;
-    load_bf16<16>(ws.kv + i * ws.kv_stride + 16 * lane, k, bits);
-    row.add(k, p.scale);
-  }
-  finish(p, t, h, lane, row);
-}
 
 // SPEC 9.6: one warp per (token, real head); the NoPE lanes copy their bits, the RoPE lanes rotate
 // back with num::rope_inverse (formats/rope_bf16.hpp's inverse on the host) and round to bf16. Each
@@ -212,7 +78,7 @@ struct Gather {
   int64_t swa_bt_stride = 0;
   const int32_t* cmp_bt = nullptr;
   int64_t cmp_bt_stride = 0;
-  CacheList swa, cmp;  // the caches (idx, len unused)
+  mla::CacheList swa, cmp;  // the caches (idx, len unused)
   int64_t swa_pages = 0, cmp_pages = 0;
   uint16_t* ws = nullptr;
   int64_t ws_stride = 0;
@@ -228,7 +94,7 @@ __global__ void __launch_bounds__(32 * kWarps) gather_kernel(const Gather p) {
   const bool cmp = k < p.n_ch;
   const int64_t e = cmp ? k : k - p.n_ch;  // the compressed entry, or the k-th gathered SWA token
   if (cmp ? e >= N : e >= p.gl[b]) return;
-  const CacheList& c = cmp ? p.cmp : p.swa;
+  const mla::CacheList& c = cmp ? p.cmp : p.swa;
   const int64_t x = cmp ? e : p.gs[b] + e;
   const int32_t page = cmp ? p.cmp_bt[b * p.cmp_bt_stride + x / c.S] : p.swa_bt[b * p.swa_bt_stride + x / c.S];
   if (page < 0 || page >= (cmp ? p.cmp_pages : p.swa_pages)) return;
@@ -285,11 +151,11 @@ void need_vector_rows(const char* op, const TensorView& v, const char* arg) {
   require_aligned16(v.data, op, arg);
 }
 
-Heads heads_of(const char* op, const TensorView& q, const TensorView& out, const TensorView& lse, const TensorView& sink,
-               float scale, const HeadsPlan& h) {
+mla::Heads heads_of(const char* op, const TensorView& q, const TensorView& out, const TensorView& lse,
+                    const TensorView& sink, float scale, const HeadsPlan& h) {
   need_vector_rows(op, q, "q");
   need_vector_rows(op, out, "out");
-  Heads p;
+  mla::Heads p;
   p.q = q.ptr<const uint16_t>();
   p.q_tok = h.q_tok;
   p.q_head = h.q_head;
@@ -305,55 +171,101 @@ Heads heads_of(const char* op, const TensorView& q, const TensorView& out, const
   return p;
 }
 
-CacheList list_of(const CacheView& c, const TensorView& idx, const TensorView& len) {
+mla::CacheList list_of(const CacheView& c, const TensorView& idx, const TensorView& len, int width) {
   const RecordInfo& ri = record_info(c.format);
   const int64_t es = static_cast<int64_t>(dtype_size(ri.element));
-  CacheList l;
+  mla::CacheList l;
   l.base = static_cast<const uint8_t*>(c.base);
   l.S = c.states_per_page;
   l.page_stride = c.page_stride * es;
   l.row_stride = c.row_stride * es;
   l.capacity = c.num_pages * c.states_per_page;
   l.fp8_scale = c.fp8_scale;
+  l.format = static_cast<int>(c.format);
+  l.aligned = record_chunks_aligned(l.format, c.base, l.page_stride, l.row_stride);
   l.idx = idx.ptr<const int32_t>();
-  l.idx_stride = idx.stride[0];
+  l.idx_stride = idx.ndim > 0 ? idx.stride[0] : 0;
   l.len = len.ptr<const int32_t>();
+  l.width = width;
   return l;
 }
 
 unsigned grid_of(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 
+// Launches the mainloop for head tile HT over `src` (T * head_groups * splits CTAs), then the
+// merge when split. The dynamic shared memory is opted into on every call (a host-side attribute
+// of the current device, not a stream operation: allowed while capturing a graph).
+template <int HT, class Src>
+void launch_mla(mla::Heads h, const Src& src, const ExecContext& ctx) {
+  auto* kernel = &mla::sparse_mla_kernel<HT, Src>;
+  constexpr int smem = mla::Smem<HT>::bytes;
+  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  h.head_groups = (h.H + HT - 1) / HT;
+  const int64_t ctas = h.T * h.head_groups * h.splits;
+  if (ctas > std::numeric_limits<int32_t>::max())
+    bad_arg("sparse_mla", "q", std::to_string(ctas) + " CTAs, expected at most 2^31 - 1");
+  const cudaStream_t st = as_stream(ctx.stream);
+  launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(mla::kThreads), smem, st,
+                     ctx.programmatic_launch, h, src);
+  if (h.splits > 1)
+    launch_kernel(&mla::merge_kernel, dim3(grid_of(h.T * h.H)), dim3(32 * kWarps), st, ctx.programmatic_launch, h);
+}
+
+template <class Src>
+void launch_mla_tile(int head_tile, const mla::Heads& h, const Src& src, const ExecContext& ctx) {
+  if (head_tile == 16) launch_mla<16>(h, src, ctx);
+  else if (head_tile == 32) launch_mla<32>(h, src, ctx);
+  else launch_mla<64>(h, src, ctx);
+}
+
+// The head tile of a prefill call (no schedule): 16 rows for 8 or 16 heads, 32 for 32, else 64.
+int prefill_head_tile(int H) { return H <= 16 ? 16 : H == 32 ? 32 : 64; }
+
 }  // namespace
+
+int sm_count() {
+  static thread_local int dev_cached = -1, sms = 0;
+  int dev = 0;
+  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != dev_cached) {
+    DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    dev_cached = dev;
+  }
+  return sms;
+}
 
 void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx) {
   const char* op = "sparse_decode";
-  const Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
-  const CacheList swa = list_of(a.swa_cache, a.swa_indices, a.swa_lens);
-  const CacheList cmp = p.with_cmp ? list_of(a.cmp_cache, a.cmp_indices, a.cmp_lens) : CacheList{};
-  const RecordFormat fc = p.with_cmp ? a.cmp_cache.format : a.swa_cache.format;
-  with_record_format(a.swa_cache.format, [&](auto FS) {
-    with_record_format(fc, [&](auto FC) {
-      decode_kernel<FS(), FC()><<<grid_of(h.T * h.H), 32 * kWarps, 0, as_stream(ctx.stream)>>>(h, swa, cmp, p.with_cmp);
-    });
-  });
-  DSV41KV_CUDA_CHECK_LAUNCH("decode_kernel");
+  mla::Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
+  const DecodeSchedule& s = *a.schedule;
+  h.splits = static_cast<int>(p.splits);
+  if (h.splits > 1) {
+    require_aligned16(a.workspace.data, op, "workspace");
+    h.ws_o = a.workspace.ptr<float>();
+    h.ws_lse = h.ws_o + h.T * h.splits * h.H * int64_t{kLatentDim};
+  }
+  mla::CacheSource src;
+  src.swa = list_of(a.swa_cache, a.swa_indices, a.swa_lens, kSwaWindow);
+  src.with_cmp = p.with_cmp;
+  if (p.with_cmp) src.cmp = list_of(a.cmp_cache, a.cmp_indices, a.cmp_lens, kIndexTopk);
+  launch_mla_tile(s.head_tile, h, src, ctx);
 }
 
 void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const ExecContext& ctx) {
   const char* op = "sparse_prefill";
-  const Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
+  const mla::Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);
   if (p.kv_row_stride % 8 != 0)
     bad_arg(op, "kv", "row stride " + std::to_string(p.kv_row_stride) + ", expected a multiple of 8 elements on cuda");
   require_aligned16(a.kv.data, op, "kv");
-  Workspace ws;
+  mla::WorkspaceSource ws;
   ws.kv = a.kv.ptr<const uint16_t>();
   ws.s_kv = p.s_kv;
   ws.kv_stride = p.kv_row_stride;
   ws.idx = a.indices.ptr<const int32_t>();
   ws.idx_stride = p.idx_row_stride;
   ws.len = a.topk_length.ptr<const int32_t>();
-  prefill_kernel<<<grid_of(h.T * h.H), 32 * kWarps, 0, as_stream(ctx.stream)>>>(h, ws);
-  DSV41KV_CUDA_CHECK_LAUNCH("prefill_kernel");
+  ws.topk = p.topk;
+  launch_mla_tile(prefill_head_tile(h.H), h, ws, ctx);
 }
 
 void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, const ExecContext& ctx) {
@@ -393,13 +305,13 @@ void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p,
   g.gs = a.gather_starts.ptr<const int32_t>();
   g.swa_bt = a.swa_block_table.ptr<const int32_t>();
   g.swa_bt_stride = p.swa_bt_stride;
-  g.swa = list_of(a.swa_cache, TensorView{}, TensorView{});
+  g.swa = list_of(a.swa_cache, TensorView{}, TensorView{}, 0);
   g.swa_pages = a.swa_cache.num_pages;
   RecordFormat fc = a.swa_cache.format;
   if (a.ratio > 0) {
     g.cmp_bt = a.cmp_block_table.ptr<const int32_t>();
     g.cmp_bt_stride = p.cmp_bt_stride;
-    g.cmp = list_of(a.cmp_cache, TensorView{}, TensorView{});
+    g.cmp = list_of(a.cmp_cache, TensorView{}, TensorView{}, 0);
     g.cmp_pages = a.cmp_cache.num_pages;
     fc = a.cmp_cache.format;
   }

@@ -90,13 +90,15 @@ inline bool device_is_sm90_or_newer() { return device_supports_pdl(); }
 // Launches `kernel` on `stream` (errors: Error(kCuda)); pdl = true adds programmatic stream
 // serialization where the device supports it (see pdl_wait: the kernel must call it before
 // touching global memory).
+// launch_kernel_smem: the same with `smem` bytes of dynamic shared memory (above 48 KiB the
+// kernel must have opted in with cudaFuncAttributeMaxDynamicSharedMemorySize).
 template <class... P, class... A>
-void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
-                   A&&... args) {
+void launch_kernel_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, bool pdl,
+                        A&&... args) {
   cudaLaunchConfig_t c = {};
   c.gridDim = grid;
   c.blockDim = block;
-  c.dynamicSmemBytes = 0;
+  c.dynamicSmemBytes = smem;
   c.stream = stream;
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -104,5 +106,10 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t str
   c.attrs = at;
   c.numAttrs = pdl && device_supports_pdl() ? 1 : 0;
   DSV41KV_CUDA_CHECK(cudaLaunchKernelEx(&c, kernel, std::forward<A>(args)...));
+}
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, bool pdl,
+                   A&&... args) {
+  launch_kernel_smem(kernel, grid, block, 0, stream, pdl, std::forward<A>(args)...);
 }
 }  // namespace dsv41kv::detail
