@@ -45,6 +45,7 @@ class Arrays:
 
     def __init__(self, use_torch):
         self.torch = None
+        self.device = "cpu"
         if use_torch:
             import torch
             self.torch = torch
@@ -117,9 +118,11 @@ def main(argv):
             idx = np.zeros((ndt, 128), np.int32)
             lens = np.zeros(ndt, np.int32)
             dsv41kv.build_swa_window(qsl, positions, slot_swa, bt, idx, lens, page=PAGE)
-            sched = dsv41kv.plan_decode_schedule("swaonly", ndt, num_heads=H)
+            sched = dsv41kv.plan_decode_schedule("swaonly", ndt, num_heads=H, device=x.device)
+            n_ws = dsv41kv.sparse_decode_workspace_floats(sched)  # CUDA split-K partials (0 on the CPU)
             dsv41kv.sparse_decode(sched, q_rot[:ndt], cache, x.put(idx), x.put(lens), d_sink, o[:ndt], lse[:ndt],
-                                  swa_format="bf16", swa_states_per_page=PAGE)
+                                  swa_format="bf16", swa_states_per_page=PAGE,
+                                  workspace=x.put(np.zeros(n_ws, np.float32)) if n_ws else None)
         if split["num_prefills"]:
             P = split["num_prefills"]
             seq_lens = np.array([seq[b] + qlens[b] for b in order], np.int64)

@@ -276,7 +276,9 @@ void run_decode(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& ti
         sa.num_heads = H;
         sa.s_q = kReadSq;
         sa.block_size = kCmpStatesPerPage * 2;
+        sa.device = Device::CUDA;
         const DecodeSchedule sched = plan_decode_schedule(sa, ctx);
+        Dev<float> d_ws(static_cast<size_t>(std::max<int64_t>(1, sparse_decode_workspace_floats(sched))));
         SparseDecodeArgs a;
         a.schedule = &sched;
         a.s_q = kReadSq;
@@ -291,6 +293,8 @@ void run_decode(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& ti
         a.softmax_scale = kSoftmaxScale;
         a.out = TensorView::contiguous(d_out.p, DType::BF16, {T + 1, H, kLatentDim}, Device::CUDA);
         a.lse = TensorView::contiguous(d_lse.p, DType::F32, {T + 1, H}, Device::CUDA);
+        if (sparse_decode_workspace_floats(sched) > 0)
+          a.workspace = TensorView::contiguous(d_ws.p, DType::F32, {sparse_decode_workspace_floats(sched)}, Device::CUDA);
         sparse_decode(a, ctx);
         ck(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)), "sync");
         const std::vector<uint16_t> out = d_out.download();
@@ -310,9 +314,11 @@ void run_decode(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& ti
           std::vector<float> h_lse(static_cast<size_t>(Ts * H)), h_sink = sink;
           const ExecContext cpu;
           sa.num_tokens = Ts;
+          sa.device = Device::CPU;
           const DecodeSchedule hs = plan_decode_schedule(sa, cpu);
           SparseDecodeArgs h = a;
           h.schedule = &hs;
+          h.workspace = {};
           h.q = TensorView::contiguous(hq.data(), DType::BF16, {Ts, H, kLatentDim});
           h.swa_cache.base = h_swa.data();
           h.swa_cache.device = Device::CPU;
@@ -352,6 +358,8 @@ void run_decode(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& ti
 
 // ---------------------------------------------------------------- indexer
 
+IndexerRole a_role(bool consumer) { return consumer ? IndexerRole::kCandidateConsumer : IndexerRole::kPlain; }
+
 void run_indexer(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& timer, std::vector<Row>& rows) {
   const std::vector<uint8_t> pool = index_k_pool(kIndexStatesPerPage, kSeed + 7);
   for (const int64_t n_c : kIndexerNc) {
@@ -359,12 +367,14 @@ void run_indexer(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& t
     const int64_t ppr = (n_c + kIndexStatesPerPage - 1) / kIndexStatesPerPage;
     const IndexKCacheView one = IndexKCacheView::with_default_strides(nullptr, IndexKFormat::FP8_132, 1, kIndexStatesPerPage);
     const int64_t page_bytes = one.page_stride;
-    // the batch: 128 (or --batch), fewer when the cache and the scores of 128 requests do not fit
-    // in 80% of the free device memory
+    // the batch: 128 (or --batch), fewer when the cache and the workspace of 128 requests do not
+    // fit in 80% of the free device memory
     int64_t batch = o.batch != 0 ? o.batch : kIndexerBatch;
     size_t free_b = 0, total_b = 0;
     ck(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-    const double per_req = static_cast<double>(ppr * page_bytes) + kReadSq * static_cast<double>(n_c) * 4.0 +
+    const double ws_per_token = static_cast<double>(
+        indexer_topk_workspace_bytes(1, ppr, kIndexStatesPerPage, IndexerRole::kCandidateSource));
+    const double per_req = static_cast<double>(ppr * page_bytes) + kReadSq * ws_per_token +
                            kReadSq * (kIndexHeads * (kIndexHeadDim + 4.0) + (kIndexTopk + kCandidateTopkBlocks) * 4.0);
     batch = std::max<int64_t>(1, std::min<int64_t>(batch, static_cast<int64_t>(0.8 * static_cast<double>(free_b) / per_req)));
     const int64_t pages = batch * ppr;
@@ -380,7 +390,9 @@ void run_indexer(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& t
       std::vector<float> wt(static_cast<size_t>(T * kIndexHeads));
       for (size_t i = 0; i < wt.size(); ++i) wt[i] = uniform_at(kSeed + 10, i, -0.01f, 0.01f);
       Dev<uint8_t> d_q8 = to_dev(q8);
-      Dev<float> d_w = to_dev(wt), d_scores(static_cast<size_t>(T * n_c));
+      Dev<float> d_w = to_dev(wt);
+      const int64_t ws_bytes = indexer_topk_workspace_bytes(T, ppr, kIndexStatesPerPage, a_role(consumer));
+      Dev<uint8_t> d_ws(static_cast<size_t>(ws_bytes));
       Dev<int64_t> d_pos = to_dev(w.positions);
       Dev<int32_t> d_t2r = to_dev(w.token_to_req), d_bt = to_dev(w.block_table);
       Dev<int32_t> d_cand = consumer ? to_dev(w.candidates) : Dev<int32_t>(1);
@@ -388,7 +400,7 @@ void run_indexer(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& t
       d_topk.fill(kCanary);
       IndexerTopkArgs a;
       a.ratio = 2;
-      a.role = consumer ? IndexerRole::kCandidateConsumer : IndexerRole::kPlain;
+      a.role = a_role(consumer);
       a.q8 = TensorView::contiguous(d_q8.p, DType::U8, {T, kIndexHeads, kIndexHeadDim}, Device::CUDA);
       a.w = TensorView::contiguous(d_w.p, DType::F32, {T, kIndexHeads}, Device::CUDA);
       a.positions = TensorView::contiguous(d_pos.p, DType::I64, {T}, Device::CUDA);
@@ -397,7 +409,7 @@ void run_indexer(const ReadPathBenchOptions& o, const ExecContext& ctx, Timer& t
       a.k_cache = kc;
       a.topk = TensorView::contiguous(d_topk.p, DType::I32, {T + 1, kIndexTopk}, Device::CUDA);
       if (consumer) a.candidates = TensorView::contiguous(d_cand.p, DType::I32, {T, kCandidateTopkBlocks}, Device::CUDA);
-      a.scores = TensorView::contiguous(d_scores.p, DType::F32, {T, n_c}, Device::CUDA);
+      a.workspace = TensorView::contiguous(d_ws.p, DType::U8, {ws_bytes}, Device::CUDA);
       indexer_topk(a, ctx);
       ck(cudaStreamSynchronize(static_cast<cudaStream_t>(ctx.stream)), "sync");
       const std::vector<int32_t> topk = d_topk.download();

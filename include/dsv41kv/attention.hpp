@@ -79,8 +79,8 @@ struct DecodeSchedule {
   int head_tile = 0;
 };
 // f32 elements of the split-K workspace sparse_decode needs on CUDA for this schedule:
-// T * splits * H * (512 + 1) when splits > 1 (the normalized partial rows and their lse), else 0.
-// The CPU backend needs none.
+// T * splits * H * (512 + 1) for a CUDA schedule with splits > 1 (the normalized partial rows and
+// their lse), else 0: the CPU backend needs none.
 int64_t sparse_decode_workspace_floats(const DecodeSchedule& schedule);
 // Plans the split from T, the key width and the threads of ctx (enough items to use every thread
 // when T is small). E8 for a bad layer type, T < 0, a head count outside kAttentionHeadCounts,

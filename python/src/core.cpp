@@ -880,7 +880,8 @@ void bind(nb::module_& m) {
   m.def("indexer_topk",
         [](nb::handle q8, nb::handle w, nb::handle positions, nb::handle token_to_req, nb::handle block_table,
            nb::handle k_cache, nb::handle topk, int64_t states_per_page, int ratio, const std::string& role,
-           nb::handle token_valid, nb::handle candidates, nb::handle scores, int num_threads, nb::handle stream) {
+           nb::handle token_valid, nb::handle candidates, nb::handle scores, nb::handle workspace, int num_threads,
+           nb::handle stream) {
           Call c("indexer_topk");
           IndexerTopkArgs a;
           a.ratio = ratio;
@@ -896,17 +897,26 @@ void bind(nb::module_& m) {
           a.candidates = a.role == IndexerRole::kCandidateSource ? c.out(candidates, "candidates", DType::I32, true)
                                                                  : c.in(candidates, "candidates", DType::I32, true);
           a.scores = c.out(scores, "scores", DType::F32, true);
+          a.workspace = c.out(workspace, "workspace", DType::U8, true);
           ExecContext x = c.ctx(stream, num_threads);
           c.run([&] { dsv41kv::indexer_topk(a, x); });
         },
         ARR("q8"), ARR("w"), ARR("positions"), ARR("token_to_req"), ARR("block_table"), ARR("k_cache"), ARR("topk"),
         kw, ARR("states_per_page"), nb::arg("ratio") = 1, nb::arg("role") = "plain", OPT("token_valid"),
-        OPT("candidates"), OPT("scores"), nb::arg("num_threads") = 0, STREAM,
+        OPT("candidates"), OPT("scores"), OPT("workspace"), nb::arg("num_threads") = 0, STREAM,
         "SPEC 8.3-8.5, 8.7: scores and top-512. q8 uint8 [rows >= T, 32, 128], w f32 [rows >= T, 32],\n"
         "positions i64 [T], token_to_req i32 [T], block_table i32 [num_reqs, max_pages], k_cache uint8\n"
         "[num_pages, page_bytes] (fp8_132); topk i32 [rows >= T, 512] (output); candidates i32 [rows >= T, 2048]\n"
         "(written by role 'candidate_source', read by 'candidate_consumer'); scores f32 [rows >= T, cols]\n"
-        "(optional output; required on CUDA as the workspace); token_valid i32 [T] optional.");
+        "(optional output); workspace uint8 [>= indexer_topk_workspace_bytes(...)] (CUDA: required, 16-byte\n"
+        "aligned; not read on the CPU); token_valid i32 [T] optional.");
+  m.def("indexer_topk_workspace_bytes",
+        [](int64_t T, int64_t max_pages, int64_t states_per_page, const std::string& role) {
+          return indexer_topk_workspace_bytes(T, max_pages, states_per_page, parse_role(role));
+        },
+        "T"_a, "max_pages"_a, "states_per_page"_a, "role"_a = "plain",
+        "Bytes of indexer_topk's CUDA workspace for T tokens and a block table of max_pages pages of\n"
+        "states_per_page states.");
   m.def("indexer_takes_shortcut", &indexer_takes_shortcut, "max_seq_len_in_batch"_a, "ratio"_a,
         "capturing_cuda_graph"_a = false, "SPEC 8.6: whether a step's indexer takes the short-context shortcut.");
   m.def("indexer_shortcut_topk",
@@ -929,28 +939,37 @@ void bind(nb::module_& m) {
       .def_ro("num_tokens", &DecodeSchedule::num_tokens).def_ro("num_heads", &DecodeSchedule::num_heads)
       .def_ro("s_q", &DecodeSchedule::s_q).def_ro("cmp_states_per_page", &DecodeSchedule::cmp_states_per_page)
       .def_ro("key_width", &DecodeSchedule::key_width).def_ro("key_blocks", &DecodeSchedule::key_blocks)
-      .def_rw("splits", &DecodeSchedule::splits);
+      .def_rw("splits", &DecodeSchedule::splits).def_rw("head_tile", &DecodeSchedule::head_tile)
+      .def_prop_ro("device", [](const DecodeSchedule& s) { return std::string(s.device == Device::CUDA ? "cuda" : "cpu"); });
   m.def("plan_decode_schedule",
-        [](const std::string& layer, int64_t num_tokens, int num_heads, int s_q, int64_t block_size, int num_threads) {
+        [](const std::string& layer, int64_t num_tokens, int num_heads, int s_q, int64_t block_size, int num_threads,
+           const std::string& device) {
           DecodeScheduleArgs a;
           a.layer = parse_layer(layer);
           a.num_tokens = num_tokens;
           a.num_heads = num_heads;
           a.s_q = s_q;
           a.block_size = block_size;
+          if (device != "cpu" && device != "cuda")
+            throw nb::value_error(("plan_decode_schedule: device = '" + device + "', expected 'cpu' or 'cuda'").c_str());
+          a.device = device == "cuda" ? Device::CUDA : Device::CPU;
           ExecContext x;
           x.num_threads = num_threads;
           return dsv41kv::plan_decode_schedule(a, x);
         },
         "layer"_a, "num_tokens"_a, "num_heads"_a = 64, "s_q"_a = 1, "block_size"_a = 64, "num_threads"_a = 0,
-        "The decode schedule of one step and layer type ('swaonly', 'c1a', 'c2a'), for sparse_decode.");
+        "device"_a = "cpu",
+        "The decode schedule of one step and layer type ('swaonly', 'c1a', 'c2a'), for sparse_decode on\n"
+        "device 'cpu' or 'cuda' (a CUDA schedule splits by the current GPU's SMs).");
+  m.def("sparse_decode_workspace_floats", &sparse_decode_workspace_floats, "schedule"_a,
+        "f32 elements of sparse_decode's CUDA split-K workspace for this schedule (0: none needed).");
   m.def("sparse_decode",
         [](const DecodeSchedule& schedule, nb::handle q, nb::handle swa_cache, nb::handle swa_indices,
            nb::handle swa_lens, nb::handle sink, nb::handle out, nb::handle lse, const std::string& swa_format,
            std::optional<int64_t> swa_states_per_page, float swa_fp8_scale, nb::handle cmp_cache,
            nb::handle cmp_indices, nb::handle cmp_lens, const std::string& cmp_format,
            std::optional<int64_t> cmp_states_per_page, float cmp_fp8_scale, int s_q, float softmax_scale,
-           int num_threads, nb::handle stream) {
+           nb::handle workspace, int num_threads, nb::handle stream) {
           Call c("sparse_decode");
           SparseDecodeArgs a;
           a.schedule = &schedule;
@@ -969,6 +988,7 @@ void bind(nb::module_& m) {
           a.softmax_scale = softmax_scale;
           a.out = c.out(out, "out", DType::BF16);
           a.lse = c.out(lse, "lse", DType::F32);
+          a.workspace = c.out(workspace, "workspace", DType::F32, true);
           ExecContext x = c.ctx(stream, num_threads);
           c.run([&] { dsv41kv::sparse_decode(a, x); });
         },
@@ -976,11 +996,13 @@ void bind(nb::module_& m) {
         ARR("lse"), kw, nb::arg("swa_format") = "v4_584", nb::arg("swa_states_per_page").none() = 32,
         nb::arg("swa_fp8_scale") = 1.0f, OPT("cmp_cache"), OPT("cmp_indices"), OPT("cmp_lens"),
         nb::arg("cmp_format") = "v4_584", OPT("cmp_states_per_page"), nb::arg("cmp_fp8_scale") = 1.0f,
-        nb::arg("s_q") = 1, nb::arg("softmax_scale") = kSoftmaxScale, nb::arg("num_threads") = 0, STREAM,
+        nb::arg("s_q") = 1, nb::arg("softmax_scale") = kSoftmaxScale, OPT("workspace"), nb::arg("num_threads") = 0,
+        STREAM,
         "Sparse MLA decode with sink (SPEC 9.4). q bf16 [T, H, 512]; swa_cache (see rope_quant_insert),\n"
         "swa_indices i32 [rows >= T, 128], swa_lens i32 [>= T]; c1a / c2a: cmp_cache, cmp_indices i32\n"
         "[rows >= T, 512], cmp_lens i32 [>= T]; sink f32 [H]; out bf16 [rows >= T, H, 512] and lse f32\n"
-        "[rows >= T, H] (outputs).");
+        "[rows >= T, H] (outputs); workspace f32 [>= sparse_decode_workspace_floats(schedule)] on the GPU\n"
+        "(CUDA schedules with splits > 1).");
   m.def("sparse_prefill",
         [](nb::handle q, nb::handle kv, nb::handle indices, nb::handle topk_length, nb::handle sink, nb::handle out,
            nb::handle lse, float softmax_scale, int num_threads, nb::handle stream) {

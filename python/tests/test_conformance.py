@@ -23,6 +23,8 @@ class Host:
     """Where the arrays of a run live: numpy arrays on the host (a device variant in test_torch.py
     has the same methods over torch CUDA tensors)."""
 
+    device = "cpu"
+
     @staticmethod
     def put(a):
         return a
@@ -114,7 +116,9 @@ def run_decode(f, x=Host):
             kw = dict(cmp_cache=cmp, cmp_format=cmp_fm, cmp_states_per_page=cmp_S,
                       cmp_indices=g(p + "cmp_indices"), cmp_lens=g(p + "cmp_lens"))
         sched = dsv41kv.plan_decode_schedule("c1a" if with_cmp else "swaonly", T, num_heads=H,
-                                             block_size=cmp_S if with_cmp else 64)
+                                             block_size=cmp_S if with_cmp else 64, device=x.device)
+        n_ws = dsv41kv.sparse_decode_workspace_floats(sched)
+        kw["workspace"] = x.put(np.zeros(n_ws, np.float32)) if n_ws > 0 else None
         o, lse = attention_outputs(x, T, H)
         dsv41kv.sparse_decode(sched, g(p + "q"), swa, g(p + "swa_indices"), g(p + "swa_lens"), g(p + "sink"), o, lse,
                               swa_format=swa_fm, swa_states_per_page=swa_S, softmax_scale=c["softmax_scale"], **kw)
@@ -155,11 +159,14 @@ def run_indexer(f, x=Host):
         elif role == "candidate_consumer":
             cand = g(p + "candidates")
         positions = g(p + "positions")
+        bt = f.copy(p + "block_table")
+        ws = x.put(np.zeros(dsv41kv.indexer_topk_workspace_bytes(T, bt.shape[1], c["states_per_page"], role),
+                            np.uint8))
         dsv41kv.indexer_prepare_q(g(p + "q"), g(p + "w_raw"), positions, g("cos_sin"), q8, w)
         dsv41kv.indexer_topk(q8, w, positions, g(p + "token_to_req"), g(p + "block_table"),
                              g(p + "k_cache").reshape(c["num_pages"], c["page_stride"]), topk,
                              states_per_page=c["states_per_page"], ratio=c["compress_ratio"], role=role,
-                             token_valid=g(p + "token_valid"), candidates=cand, scores=scores)
+                             token_valid=g(p + "token_valid"), candidates=cand, scores=scores, workspace=ws)
         out[p + "q8"] = ("U8", q8)
         out[p + "w"] = ("F32", w)
         out[p + "topk"] = ("I32", topk)

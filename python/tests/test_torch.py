@@ -20,6 +20,8 @@ cuda = pytest.mark.skipif(not (torch.cuda.is_available() and dsv41kv.cuda_device
 class OnCuda:
     """test_conformance's array adapter over torch CUDA tensors (bf16 bits travel as torch.bfloat16)."""
 
+    device = "cuda"
+
     @staticmethod
     def put(a):
         a = np.ascontiguousarray(a)

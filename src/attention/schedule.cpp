@@ -50,7 +50,7 @@ bool cuda_head_tile_ok(int H, int head_tile) {
 }  // namespace detail
 
 int64_t sparse_decode_workspace_floats(const DecodeSchedule& s) {
-  if (s.splits <= 1 || s.num_tokens <= 0) return 0;
+  if (s.device != Device::CUDA || s.splits <= 1 || s.num_tokens <= 0) return 0;
   return s.num_tokens * s.splits * s.num_heads * (kLatentDim + 1);
 }
 

@@ -132,6 +132,8 @@ struct LayerShared::Impl {
   Device device = Device::CPU;
   Buffer topk, candidates, workspace;
   int64_t workspace_rows = 0;
+  Buffer index_ws;   // CUDA: indexer_topk's workspace, sized for the widest served block table and any role
+  Buffer decode_ws;  // CUDA: sparse_decode's split-K workspace, sized for the largest schedule of any step
   int topk_writer = -1, candidates_writer = -1;
   uint64_t topk_gen = 0, candidates_gen = 0;
   // one decode schedule per layer type and step (SPEC 6.7)
@@ -156,6 +158,35 @@ LayerShared::LayerShared(const ServingConfig& cfg, const ReadPathConfig& read, c
     if (r == 0 || model.has_ratio(r))
       m.workspace_rows = std::max(m.workspace_rows, prefill_workspace_rows(r, read.max_model_len, cfg.max_tokens));
   m.workspace = Buffer(cfg.device, static_cast<size_t>(m.workspace_rows) * kLatentDim * sizeof(uint16_t));
+  if (cfg.device == Device::CUDA) {
+    int64_t bytes = 0;
+    for (int r = 1; r <= 2; ++r)
+      if (cfg.serves(r))
+        for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource, IndexerRole::kCandidateConsumer})
+          bytes = std::max(bytes, indexer_topk_workspace_bytes(cfg.max_tokens, cfg.compressed(r).block_table_width,
+                                                               cfg.states_per_page(r), role));
+    m.index_ws = Buffer(cfg.device, static_cast<size_t>(bytes));
+    // The CUDA schedule splits a small step's key lists over the SMs; its workspace is planned
+    // here for every decode step the configuration allows (each s_q, each row count, each served
+    // layer type), so no step allocates and a captured step needs nothing new.
+    int64_t floats = 0;
+    const int max_sq = static_cast<int>(std::min<int64_t>(kMaxDecodeQueriesPerRequest, cfg.num_speculative_tokens + 1));
+    for (int r = 0; r <= 2; ++r) {
+      if (r > 0 && !(model.has_ratio(r) && cfg.serves(r))) continue;
+      for (int sq = 1; sq <= max_sq; ++sq)
+        for (int64_t T = sq; T <= cfg.max_tokens; T += sq) {
+          DecodeScheduleArgs sa;
+          sa.layer = r == 0 ? LayerType::kSwaOnly : r == 1 ? LayerType::kC1A : LayerType::kC2A;
+          sa.num_tokens = T;
+          sa.num_heads = read.heads_padded();
+          sa.s_q = sq;
+          sa.block_size = r > 0 ? cfg.states_per_page(r) * r : 64;
+          sa.device = Device::CUDA;
+          floats = std::max(floats, sparse_decode_workspace_floats(plan_decode_schedule(sa, cfg.exec)));
+        }
+    }
+    m.decode_ws = Buffer(cfg.device, static_cast<size_t>(floats) * sizeof(float));
+  }
 }
 
 LayerShared::~LayerShared() = default;
@@ -545,6 +576,7 @@ void AttentionLayer::Impl::index(const StepMetadata& meta, const LayerInputs& in
     a.k_cache = kv_impl().idx;
     a.topk = topk;
     if (a.role != IndexerRole::kPlain) a.candidates = shared->candidates();
+    if (sh.index_ws.size() > 0) a.workspace = sh.index_ws.view(DType::U8, {static_cast<int64_t>(sh.index_ws.size())});
     indexer_topk(a, ctx);
     if (a.role == IndexerRole::kCandidateSource) {
       sh.candidates_writer = info.index;
@@ -582,6 +614,7 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
       sa.num_heads = Hp;
       sa.s_q = meta.decode_s_q();
       sa.block_size = r > 0 ? S * r : 64;
+      sa.device = cfg.device;
       sh.schedule[ti] = plan_decode_schedule(sa, ctx);
       sh.schedule_gen[ti] = meta.generation();
     }
@@ -613,6 +646,8 @@ void AttentionLayer::Impl::attend(const StepMetadata& meta) {
     a.softmax_scale = scale;
     a.out = ov;
     a.lse = lv;
+    const int64_t ws_floats = sparse_decode_workspace_floats(sh.schedule[ti]);
+    if (ws_floats > 0) a.workspace = sh.decode_ws.view(DType::F32, {ws_floats});
     sparse_decode(a, ctx);
   }
   if (sp.num_prefill_tokens > 0) {

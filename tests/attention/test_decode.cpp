@@ -239,6 +239,8 @@ TEST(DecodeSchedule, CudaPlanSplitsOnlySmallBatchesAndFillsTheSms) {
   s.num_tokens = 4;
   s.num_heads = 64;
   s.splits = 3;
+  EXPECT_EQ(sparse_decode_workspace_floats(s), 0);  // a CPU schedule: the CPU backend needs none
+  s.device = Device::CUDA;
   EXPECT_EQ(sparse_decode_workspace_floats(s), 4 * 3 * 64 * 513);
   s.splits = 1;
   EXPECT_EQ(sparse_decode_workspace_floats(s), 0);

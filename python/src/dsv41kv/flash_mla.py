@@ -33,6 +33,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _core
+from ._workspace import decode_workspace
 
 _CMP_W, _SWA_W = 512, 128  # key widths of one sparse_decode call (compressed list, SWA list)
 _BY_BYTES = {584: "v4_584", 528: "mxfp8_528", 288: "nvfp4_288"}
@@ -139,7 +140,8 @@ def _run_decode(q3, sink, scale, calls):
     T, H, _ = q3.shape
     outs, lses = [], []
     for (fmt, S, view), cmp, cmp_len, swa, swa_len in calls:
-        sched = _core.plan_decode_schedule("c1a", T, num_heads=H, s_q=1, block_size=S)
+        sched = _core.plan_decode_schedule("c1a", T, num_heads=H, s_q=1, block_size=S,
+                                           device="cuda" if q3.is_cuda else "cpu")
         o = torch.empty((T, H, 512), dtype=torch.bfloat16, device=q3.device)
         lse = torch.empty((T, H), dtype=torch.float32, device=q3.device)
         swa_fmt, swa_S, swa_view = fmt, S, view
@@ -149,7 +151,8 @@ def _run_decode(q3, sink, scale, calls):
             swa_fmt, swa_S, swa_view = "v4_584", 1, torch.zeros((1, 1152), dtype=torch.uint8, device=q3.device)
         _core.sparse_decode(sched, q3, swa_view, swa, swa_len.contiguous(), sink, o, lse, swa_format=swa_fmt,
                             swa_states_per_page=swa_S, cmp_cache=view, cmp_indices=cmp, cmp_lens=cmp_len.contiguous(),
-                            cmp_format=fmt, cmp_states_per_page=S, softmax_scale=scale)
+                            cmp_format=fmt, cmp_states_per_page=S, softmax_scale=scale,
+                            workspace=decode_workspace(sched, q3.device))
         outs.append(o)
         lses.append(lse)
     return outs, lses

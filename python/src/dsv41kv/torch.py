@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from . import _core
+from ._workspace import decode_workspace
 
 if not hasattr(torch, "library") or not hasattr(torch.library, "custom_op"):
     raise ImportError(f"dsv41kv.torch needs torch >= 2.4 (torch.library.custom_op); this is torch {torch.__version__}")
@@ -128,13 +129,14 @@ def indexer_prepare_q(q: Tensor, w_raw: Tensor, positions: Tensor, rope_table: T
     _core.indexer_prepare_q(q, w_raw, positions, rope_table, q8, w)
 
 
-@_op("indexer_topk", ("topk", "candidates", "scores"))
+@_op("indexer_topk", ("topk", "candidates", "scores", "workspace"))
 def indexer_topk(q8: Tensor, w: Tensor, positions: Tensor, token_to_req: Tensor, block_table: Tensor, k_cache: Tensor,
                  topk: Tensor, states_per_page: int, ratio: int = 1, role: str = "plain",
                  token_valid: Optional[Tensor] = None, candidates: Optional[Tensor] = None,
-                 scores: Optional[Tensor] = None) -> None:
+                 scores: Optional[Tensor] = None, workspace: Optional[Tensor] = None) -> None:
     _core.indexer_topk(q8, w, positions, token_to_req, block_table, k_cache, topk, states_per_page=states_per_page,
-                       ratio=ratio, role=role, token_valid=token_valid, candidates=candidates, scores=scores)
+                       ratio=ratio, role=role, token_valid=token_valid, candidates=candidates, scores=scores,
+                       workspace=workspace)
 
 
 @_op("indexer_shortcut_topk", ("topk",))
@@ -147,11 +149,12 @@ def indexer_shortcut_topk(positions: Tensor, topk: Tensor, ratio: int = 1, token
 _schedules = {}
 
 
-def _schedule(layer, num_tokens, num_heads, s_q, block_size, splits):
-    key = (layer, num_tokens, num_heads, s_q, block_size, splits)
+def _schedule(layer, num_tokens, num_heads, s_q, block_size, splits, device="cpu"):
+    key = (layer, num_tokens, num_heads, s_q, block_size, splits, device)
     s = _schedules.get(key)
     if s is None:
-        s = _core.plan_decode_schedule(layer, num_tokens, num_heads=num_heads, s_q=s_q, block_size=block_size)
+        s = _core.plan_decode_schedule(layer, num_tokens, num_heads=num_heads, s_q=s_q, block_size=block_size,
+                                       device=device)
         if splits > 0:
             s.splits = splits
         _schedules[key] = s
@@ -167,12 +170,12 @@ def sparse_decode(q: Tensor, swa_cache: Tensor, swa_indices: Tensor, swa_lens: T
                   cmp_states_per_page: Optional[int] = None, cmp_fp8_scale: float = 1.0,
                   softmax_scale: float = _core.SOFTMAX_SCALE) -> None:
     """sparse_decode with the schedule given by (layer, block_size, s_q, splits; 0: the planner's)."""
-    sched = _schedule(layer, q.shape[0], q.shape[1], s_q, block_size, splits)
+    sched = _schedule(layer, q.shape[0], q.shape[1], s_q, block_size, splits, "cuda" if q.is_cuda else "cpu")
     _core.sparse_decode(sched, q, swa_cache, swa_indices, swa_lens, sink, out, lse, swa_format=swa_format,
                         swa_states_per_page=swa_states_per_page, swa_fp8_scale=swa_fp8_scale, cmp_cache=cmp_cache,
                         cmp_indices=cmp_indices, cmp_lens=cmp_lens, cmp_format=cmp_format,
                         cmp_states_per_page=cmp_states_per_page, cmp_fp8_scale=cmp_fp8_scale, s_q=s_q,
-                        softmax_scale=softmax_scale)
+                        softmax_scale=softmax_scale, workspace=decode_workspace(sched, q.device))
 
 
 @_op("sparse_prefill", ("out", "lse"))
