@@ -108,7 +108,11 @@ inline constexpr double kAttnCosineGap = 1e-5;
 inline constexpr double kLseAtol = 1e-3;
 inline constexpr double kLseRtol = 1e-4;
 // `rows` rows of 512 bf16 values (out, contiguous) against their references (ref, contiguous).
-ReadCheck check_attention_out(const uint16_t* out, const double* ref, int64_t rows);
+// rotated_from < 512: the output carries SPEC 9.6's inverse RoPE on the pairs (2j, 2j + 1) of dims
+// rotated_from .. 511, which moves each element's error onto its pair partner; there the relative
+// term uses the pair's larger reference magnitude (the rule of the rotation's input, which is an
+// orthogonal map of the pair).
+ReadCheck check_attention_out(const uint16_t* out, const double* ref, int64_t rows, int rotated_from = 512);
 // `rows` lse values against their references.
 ReadCheck check_attention_lse(const float* lse, const double* ref, int64_t rows);
 

@@ -7,7 +7,8 @@
 //     cache through the SWA block table, the top-k entries from the kv source's compressed cache
 //     through its block table), held against the layer's attention output and lse with the 9.7
 //     rule (conformance::check_attention_out / check_attention_lse).
-//   - compare_layer_rows: the 9.7 rule between two runs' outputs of the same tokens.
+//   - compare_layer_rows: the 9.7 rule between two runs' outputs of the same tokens (after the
+//     inverse RoPE of 9.6: its dims judged by the pair magnitude, check_attention_out).
 #pragma once
 
 #include <cstdint>

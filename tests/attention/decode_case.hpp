@@ -23,6 +23,7 @@ struct DecodeSpec {
   RecordFormat cmp_format = RecordFormat::V4_584;
   int64_t block_size = 64, cmp_pages = 7, cmp_extra = 96;
   int64_t extra_index_rows = 1;  // index buffers have rows beyond T (persistent buffers)
+  bool latent_sized = false;     // states of a normalized latent's size (RandomCache)
 };
 
 inline float default_scale() { return num::u2f(0x3D3504F3u); }  // 512^-0.5
@@ -41,11 +42,12 @@ struct DecodeCase {
   static DecodeCase make(const DecodeSpec& s, Rng& rng) {
     DecodeCase c;
     c.spec = s;
-    c.swa = std::make_unique<RandomCache>(s.swa_format, s.swa_S, s.swa_pages, s.swa_extra, rng);
+    c.swa = std::make_unique<RandomCache>(s.swa_format, s.swa_S, s.swa_pages, s.swa_extra, rng, s.latent_sized);
     const int64_t rows = s.T + s.extra_index_rows;
     fill_rows(c.swa_idx, c.swa_len, rows, kSwaWindow, c.swa->capacity(), s.T, rng);
     if (s.ratio > 0) {
-      c.cmp = std::make_unique<RandomCache>(s.cmp_format, s.block_size / s.ratio, s.cmp_pages, s.cmp_extra, rng);
+      c.cmp = std::make_unique<RandomCache>(s.cmp_format, s.block_size / s.ratio, s.cmp_pages, s.cmp_extra, rng,
+                                           s.latent_sized);
       fill_rows(c.cmp_idx, c.cmp_len, rows, kIndexTopk, c.cmp->capacity(), s.T, rng);
     }
     const int real = s.real_heads > 0 ? s.real_heads : s.H;

@@ -123,6 +123,7 @@ TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
       for (RecordFormat cf : kAllRecordFormats) {
         if (sh.ratio == 0 && cf != RecordFormat::V4_584) continue;
         DecodeSpec s;
+        s.latent_sized = true;
         s.H = sh.H;
         s.real_heads = sh.real;
         s.s_q = sh.s_q;
@@ -156,6 +157,7 @@ TEST_F(AttentionGpu, DecodeSweepsHeadsQueriesSplitsAndTiles) {
     for (const int H : {8, 16, 64, 128})
       for (const int s_q : {1, 2, 6}) {
         DecodeSpec s;
+        s.latent_sized = true;
         s.H = H;
         s.s_q = s_q;
         s.ratio = pr.ratio;
@@ -206,6 +208,7 @@ TEST_F(AttentionGpu, DecodeScheduleFillsTheDevice) {
 TEST_F(AttentionGpu, DecodeAndPrefillAgreeOnTheSameKeys) {
   for (const int H : {8, 64, 128}) {
     DecodeSpec s;
+    s.latent_sized = true;
     s.H = H;
     s.s_q = 2;
     s.ratio = 2;
@@ -265,7 +268,7 @@ TEST_F(AttentionGpu, PrefillAgreesWithTheReference) {
                                 std::pair{64, int64_t{1152}}}) {
     const int64_t T = 9, s_kv = 1400;
     std::vector<uint16_t> kv(static_cast<size_t>(s_kv * kLatentDim)), q(static_cast<size_t>(T * H * kLatentDim));
-    for (auto& v : kv) v = random_bf16_value(rng(), 3.0);
+    for (auto& v : kv) v = random_bf16_value(rng(), 1.0);  // latent-sized (fixture.hpp)
     for (auto& v : q) v = num::bf16_encode(static_cast<float>(rng().normal()));
     std::vector<int32_t> idx(static_cast<size_t>(T * topk)), len(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) {
@@ -364,9 +367,9 @@ TEST_F(AttentionGpu, PrefillChainMatchesCpu) {
   for (int ratio : {0, 1, 2}) {
     // three prefill requests over paged caches
     const int64_t swa_S = 32, cmp_S = ratio > 0 ? 64 / ratio : 1, R = 3;
-    RandomCache swa(RecordFormat::V4_584, swa_S, 40, 0, rng());
+    RandomCache swa(RecordFormat::V4_584, swa_S, 40, 0, rng(), true);
     std::unique_ptr<RandomCache> cmp;
-    if (ratio > 0) cmp = std::make_unique<RandomCache>(RecordFormat::MXFP8_528, cmp_S, 30, 0, rng());
+    if (ratio > 0) cmp = std::make_unique<RandomCache>(RecordFormat::MXFP8_528, cmp_S, 30, 0, rng(), true);
     std::vector<int32_t> seq = {300, 77, 160}, qlen = {40, 77, 9}, G(3), g0(3);
     for (int64_t b = 0; b < R; ++b) {
       const int64_t prefix = seq[static_cast<size_t>(b)] - qlen[static_cast<size_t>(b)];

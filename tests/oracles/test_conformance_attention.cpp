@@ -201,6 +201,21 @@ TEST(AttentionAgreement, ElementBoundAndCosine) {
   EXPECT_NE(c2.summary.find("(0 beyond)"), std::string::npos) << c2.summary;
 }
 
+TEST(AttentionAgreement, RotatedDimsUseThePairMagnitude) {
+  // a rotated pair (448, 449) = (0.125, 1.5): an error of 1.5e-2 on the small element is beyond
+  // 4e-3 + 1e-2 * 0.125, but within 4e-3 + 1e-2 * 1.5 (the pair's larger magnitude) once the dims
+  // from 448 are declared rotated; a NoPE element with the same error still fails
+  std::vector<double> ref(512, 0.125);
+  ref[449] = 1.5;
+  ref[1] = 1.5;
+  std::vector<double> got = ref;
+  got[448] = 0.125 + 0.015625;
+  EXPECT_FALSE(conformance::check_attention_out(bf16_row(got).data(), ref.data(), 1).pass);
+  EXPECT_TRUE(conformance::check_attention_out(bf16_row(got).data(), ref.data(), 1, kNopeDim).pass);
+  got[0] = 0.125 + 0.015625;
+  EXPECT_FALSE(conformance::check_attention_out(bf16_row(got).data(), ref.data(), 1, kNopeDim).pass);
+}
+
 TEST(AttentionAgreement, ZeroRowsAndLse) {
   std::vector<double> zero(512, 0.0);
   std::vector<double> tiny(512, 0.0);

@@ -15,7 +15,7 @@
 #include "core/cuda/memory.cuh"
 #include "core/validate.hpp"
 #include "formats/cuda/fast_numerics.cuh"
-#include "attention/cuda/sparse_mla.cuh"
+#include "attention/cuda/sparse_mla_merge.cuh"
 #include "formats/cuda/record_readers.cuh"
 
 namespace dsv41kv::detail::cuda {
@@ -192,21 +192,18 @@ mla::CacheList list_of(const CacheView& c, const TensorView& idx, const TensorVi
 
 unsigned grid_of(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 
-// Launches the mainloop for head tile HT over `src` (T * head_groups * splits CTAs), then the
-// merge when split. The dynamic shared memory is opted into on every call (a host-side attribute
-// of the current device, not a stream operation: allowed while capturing a graph).
+// Launches the mainloop for head tile HT over `src` (T * head_groups * splits CTAs; its
+// instantiation in instantiations/), then the merge when split. The dynamic shared memory is opted
+// into on every call (a host-side attribute of the current device, not a stream operation:
+// allowed while capturing a graph).
 template <int HT, class Src>
 void launch_mla(mla::Heads h, const Src& src, const ExecContext& ctx) {
-  auto* kernel = &mla::sparse_mla_kernel<HT, Src>;
-  constexpr int smem = mla::Smem<HT>::bytes;
-  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   h.head_groups = (h.H + HT - 1) / HT;
   const int64_t ctas = h.T * h.head_groups * h.splits;
   if (ctas > std::numeric_limits<int32_t>::max())
     bad_arg("sparse_mla", "q", std::to_string(ctas) + " CTAs, expected at most 2^31 - 1");
   const cudaStream_t st = as_stream(ctx.stream);
-  launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(mla::kThreads), smem, st,
-                     ctx.programmatic_launch, h, src);
+  mla::launch_sparse_mla<HT, Src>(h, src, st, ctx.programmatic_launch);
   if (h.splits > 1)
     launch_kernel(&mla::merge_kernel, dim3(grid_of(h.T * h.H)), dim3(32 * kWarps), st, ctx.programmatic_launch, h);
 }

@@ -225,7 +225,7 @@ struct CacheSource {
 // Prefill's bf16 workspace rows: row indices[t][j] for j < topk_length[t], masked outside
 // [0, s_kv).
 struct WorkspaceSource {
-  static constexpr bool kAsync = true;
+  static constexpr bool kAsync = false;
   const uint16_t* kv = nullptr;
   int64_t s_kv = 0, kv_stride = 0;
   const int32_t* idx = nullptr;
@@ -249,12 +249,23 @@ struct WorkspaceSource {
     return k;
   }
   __device__ bool valid(KeyRef k) const { return k.src == 0 && k.e >= 0 && k.e < s_kv; }
-  // the 32 bytes of dims [16 lane, 16 lane + 16) of a valid key, copied asynchronously to the two
-  // shared chunks
-  __device__ void copy(KeyRef k, int lane, uint32_t s0, uint32_t s1) const {
-    const uint16_t* src = kv + static_cast<int64_t>(k.e) * kv_stride + 16 * lane;
-    cp_async16_sa(s0, reinterpret_cast<const float*>(src));
-    cp_async16_sa(s1, reinterpret_cast<const float*>(src + 8));
+  // dims [16 lane, 16 lane + 16) of `nk` keys as bf16x2 words (masked keys: zeros), plain loads
+  // as decode's (the cp.async form gave wrong rows with the 16-row head tile on the H200; it comes
+  // back once that is understood: docs/changelog.md)
+  template <int NK>
+  __device__ void read(const KeyRef (&k)[NK], const bool (&ok)[NK], int lane, uint32_t (&w)[NK][8]) const {
+#pragma unroll
+    for (int i = 0; i < NK; ++i) {
+      if (ok[i]) {
+        const uint4* src = reinterpret_cast<const uint4*>(kv + static_cast<int64_t>(k[i].e) * kv_stride + 16 * lane);
+        const uint4 a = __ldg(src), b = __ldg(src + 1);
+        w[i][0] = a.x; w[i][1] = a.y; w[i][2] = a.z; w[i][3] = a.w;
+        w[i][4] = b.x; w[i][5] = b.y; w[i][6] = b.z; w[i][7] = b.w;
+      } else {
+#pragma unroll
+        for (int x = 0; x < 8; ++x) w[i][x] = 0;
+      }
+    }
   }
 };
 
@@ -452,7 +463,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
         const float p0 = z0 == kNegInf ? 0.0f : exp2f((z0 - m_run[i]) * kLog2e);
         const float p1 = z1 == kNegInf ? 0.0f : exp2f((z1 - m_run[i]) * kLog2e);
         wv[i] = bf16x2_rn_hw(p0, p1);
-        l_run[i] += num::u2f(wv[i] << 16) + num::u2f(wv[i] & 0xFFFF0000u);  // the rounded weights
+        l_run[i] += p0 + p1;  // the fp32 weights (as FlashMLA): an exact fp32 lse; PV takes them rounded
       }
       const int col = key0 + 8 * nt + 2 * tq;
 #pragma unroll
@@ -554,54 +565,24 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
     }
 }
 
-// The split-K merge (SPEC 9.4): one warp per (token, head), lane l dims [16 l, 16 l + 16): the
-// partials weighted by exp(lse_s - M), the sink once, empty rows 0 with lse +inf. Launched with
-// PDL after sparse_mla_kernel (pdl_wait before reading the partials).
-__global__ void __launch_bounds__(128) merge_kernel(const Heads p) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t w = static_cast<int64_t>(blockIdx.x) * 4 + threadIdx.x / 32;
-  pdl_wait();
-  if (w >= p.T * p.H) return;
-  const int64_t t = w / p.H;
-  const int h = static_cast<int>(w % p.H);
-  constexpr float kNegInf = -std::numeric_limits<float>::infinity(), kInf = std::numeric_limits<float>::infinity();
-  float M = kNegInf;
-  for (int s = 0; s < p.splits; ++s) M = fmaxf(M, p.ws_lse[(t * p.splits + s) * p.H + h]);
-  float acc[16];
-#pragma unroll
-  for (int i = 0; i < 16; ++i) acc[i] = 0.0f;
-  float L = 0.0f;
-  if (M != kNegInf) {
-    for (int s = 0; s < p.splits; ++s) {
-      const int64_t part = (t * p.splits + s) * p.H + h;
-      const float ls = p.ws_lse[part];
-      if (ls == kNegInf) continue;
-      const float wgt = expf(ls - M);
-      L += wgt;
-      const float* src = p.ws_o + part * kDim + 16 * lane;
-#pragma unroll
-      for (int i = 0; i < 16; i += 4) {
-        const float4 v = ld4(src + i);
-        acc[i] += wgt * v.x;
-        acc[i + 1] += wgt * v.y;
-        acc[i + 2] += wgt * v.z;
-        acc[i + 3] += wgt * v.w;
-      }
-    }
-  }
-  const float sk_h = p.sink[h];
-  const bool any = M != kNegInf;
-  float f = 0.0f;
-  if (any && sk_h != kInf) {
-    const float Mx = fmaxf(M, sk_h);
-    const float ea = expf(M - Mx), eb = expf(sk_h - Mx);
-    f = ea / (L * ea + eb);
-  }
-  uint32_t wv[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) wv[i] = bf16x2_rn_hw(acc[2 * i] * f, acc[2 * i + 1] * f);
-  store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + 16 * lane), wv);
-  if (lane == 0) p.lse[t * p.lse_tok + h] = any ? M + logf(L) : kInf;
+// The launch of one head tile and source. Each of the six is compiled in its own file of
+// instantiations/ (explicit instantiation definitions), so that the heavy mainloops compile in
+// parallel; every other translation unit sees the extern declarations below and compiles none.
+template <int HT, class Src>
+void launch_sparse_mla(const Heads& h, const Src& src, cudaStream_t st, bool pdl) {
+  auto* kernel = &sparse_mla_kernel<HT, Src>;
+  constexpr int smem = Smem<HT>::bytes;
+  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  const int64_t ctas = h.T * h.head_groups * h.splits;
+  launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), smem, st, pdl, h, src);
 }
+
+#define DSV41KV_SPARSE_MLA_INSTANCES(X) \
+  X(16, CacheSource) X(32, CacheSource) X(64, CacheSource) X(16, WorkspaceSource) X(32, WorkspaceSource) X(64, WorkspaceSource)
+#define DSV41KV_SPARSE_MLA_EXTERN(HT, SRC) \
+  extern template void launch_sparse_mla<HT, SRC>(const Heads&, const SRC&, cudaStream_t, bool);
+DSV41KV_SPARSE_MLA_INSTANCES(DSV41KV_SPARSE_MLA_EXTERN)
+#define DSV41KV_INSTANTIATE_SPARSE_MLA(HT, SRC) \
+  template void launch_sparse_mla<HT, SRC>(const Heads&, const SRC&, cudaStream_t, bool);
 
 }  // namespace dsv41kv::detail::cuda::mla
