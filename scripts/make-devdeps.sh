@@ -25,7 +25,7 @@ for d in GTest fmt; do cp -r /usr/lib/x86_64-linux-gnu/cmake/$d "$out/prefix/lib
 for d in CLI11 nlohmann_json; do cp -r /usr/share/cmake/$d "$out/prefix/share/cmake/"; done
 # Debian's config files locate themselves relative to their own folder: copied as they are.
 shared=${DSV41KV_SHARED:-../shared}
-cp "$shared"/conformance/*.safetensors "$out/conformance/" 2>/dev/null || echo "note: no conformance files under $shared"
+cp "$shared"/conformance/*.safetensors "$shared"/conformance/*.safetensors.gz "$out/conformance/" 2>/dev/null || echo "note: no conformance files under $shared"
 cp "$shared"/baselines/*.json "$out/baselines/" 2>/dev/null || echo "note: no baseline files under $shared"
 cutlass=${DSV41KV_CUTLASS_INCLUDE_DIR:-$(python3 -c "import os, cutlass_library; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))" 2>/dev/null || true)}
 if [ -n "$cutlass" ] && [ -f "$cutlass/cute/tensor.hpp" ] && [ -d "$cutlass/cutlass" ]; then
