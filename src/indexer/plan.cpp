@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "core/validate.hpp"
+#include "dsv41kv/device.hpp"
 #include "formats/insert.hpp"
 #include "indexer/backend.hpp"
 
@@ -250,8 +251,9 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
   p.score_blocks_per_sm = a.score_blocks_per_sm == 0 ? 2 : a.score_blocks_per_sm;
   if (a.role == IndexerRole::kCandidateConsumer) p.group_tokens = std::min(p.group_tokens, kTopkConsumerGroup);
   p.ws_chunks = topk_chunks(a.role, topk_entry_bound(p.bt_cols, a.k_cache.states_per_page));
-  if (p.device != Device::CPU) {
+  if (p.device != Device::CPU && built_with_cuda()) {
     // CUDA: the chunks' candidates and block scores between the scoring and the selecting kernel
+    // (a build without CUDA refuses device views at the dispatch, with that message first)
     const int64_t need = p.T * topk_ws_token_bytes(a.role, p.ws_chunks);
     need_present(op, a.workspace, "workspace", "u8 [indexer_topk_workspace_bytes(...)] on cuda");
     need_dtype(op, a.workspace, "workspace", DType::U8);
