@@ -28,7 +28,6 @@
 #include <limits>
 #include <type_traits>
 
-#include "core/cuda/async_copy.cuh"
 #include "core/cuda/cuda_util.hpp"
 #include "core/cuda/memory.cuh"
 #include "core/cuda/mma.cuh"
@@ -138,7 +137,6 @@ __device__ __forceinline__ void read_slot_chunk(int format, const KeySource& c, 
 // values (one kernel per head tile serves every pair of formats; the dequantization of a key is
 // tens of instructions per lane, the switch a few).
 struct CacheSource {
-  static constexpr bool kAsync = false;
   CacheList swa, cmp;
   bool with_cmp = false;
   // The key list of one token (the kernel parameter itself stays constant).
@@ -225,7 +223,6 @@ struct CacheSource {
 // Prefill's bf16 workspace rows: row indices[t][j] for j < topk_length[t], masked outside
 // [0, s_kv).
 struct WorkspaceSource {
-  static constexpr bool kAsync = false;
   const uint16_t* kv = nullptr;
   int64_t s_kv = 0, kv_stride = 0;
   const int32_t* idx = nullptr;
@@ -280,7 +277,6 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
                                         int32_t* svalid, int warp, int lane, KeyRef& pend) {
   const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
   static_assert(kKeysPerWarp % NB == 0);
-  const uint4 zero = make_uint4(0, 0, 0, 0);
 #pragma unroll
   for (int k0 = 0; k0 < kKeysPerWarp; k0 += NB) {
     KeyRef key[NB];
@@ -291,36 +287,18 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
       key[i].src = __shfl_sync(0xFFFFFFFFu, pend.src, k0 + i);
       ok[i] = src.valid(key[i]);
     }
-    if constexpr (Src::kAsync) {
+    uint32_t w[NB][8];
+    src.read(key, ok, lane, w);
 #pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const int row = warp * kKeysPerWarp + k0 + i;
-        const uint32_t s0 = tile_addr(tile, row, 2 * lane, kChunks), s1 = tile_addr(tile, row, 2 * lane + 1, kChunks);
-        if (ok[i]) {
-          src.copy(key[i], lane, s0, s1);
-        } else {
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s0), "r"(zero.x), "r"(zero.y), "r"(zero.z),
-                       "r"(zero.w)
-                       : "memory");
-          asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s1), "r"(zero.x), "r"(zero.y), "r"(zero.z),
-                       "r"(zero.w)
-                       : "memory");
-        }
-      }
-    } else {
-      uint32_t w[NB][8];
-      src.read(key, ok, lane, w);
-#pragma unroll
-      for (int i = 0; i < NB; ++i) {
-        const int row = warp * kKeysPerWarp + k0 + i;
-        const uint32_t s0 = tile_addr(tile, row, 2 * lane, kChunks), s1 = tile_addr(tile, row, 2 * lane + 1, kChunks);
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s0), "r"(w[i][0]), "r"(w[i][1]), "r"(w[i][2]),
-                     "r"(w[i][3])
-                     : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s1), "r"(w[i][4]), "r"(w[i][5]), "r"(w[i][6]),
-                     "r"(w[i][7])
-                     : "memory");
-      }
+    for (int i = 0; i < NB; ++i) {
+      const int row = warp * kKeysPerWarp + k0 + i;
+      const uint32_t s0 = tile_addr(tile, row, 2 * lane, kChunks), s1 = tile_addr(tile, row, 2 * lane + 1, kChunks);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s0), "r"(w[i][0]), "r"(w[i][1]), "r"(w[i][2]),
+                   "r"(w[i][3])
+                   : "memory");
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s1), "r"(w[i][4]), "r"(w[i][5]), "r"(w[i][6]),
+                   "r"(w[i][7])
+                   : "memory");
     }
 #pragma unroll
     for (int i = 0; i < NB; ++i)
@@ -382,7 +360,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
   if (blo < bhi) {
     if (lane < kKeysPerWarp) pend = src.entry(list, blo * kBlock + warp * kKeysPerWarp + lane);
     produce<kNB>(src, list, blo, 0, sk, svalid, warp, lane, pend);
-    if constexpr (Src::kAsync) cp_async_wait<0>();
   }
   __syncthreads();
 
@@ -504,10 +481,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
           mma_bf16_16816(o[mt][2 * np + 1], a[mt], bb[2], bb[3]);
         }
       }
-    }
-    if constexpr (Src::kAsync) {
-      cp_async_wait<0>();
-      __syncthreads();  // (3) the asynchronously copied block b + 1 visible
     }
   }
   pdl_allow_dependents();
