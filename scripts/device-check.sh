@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks of the CUDA backend, for the device machine (H200). Stages, in order (default all):
-#   build     cmake + ninja, Release, sm_90a + sm_90 machine code, targets dsv41kv_cli + test_gpu
+#   build     cmake + ninja, Release, sm_90a machine code, targets dsv41kv_cli + test_gpu
 #             (+ dsv41kv-access-ceiling, which test_gpu's CLI tests run)
 #   test      $BUILD/test_gpu (every module's *_gpu tests: every CUDA kernel vs the CPU reference,
 #             graphs, conformance, the CLI on the device)
