@@ -178,6 +178,9 @@ class AttentionLayer {
   // attention, no outputs (last_stats() holds only the time). For state that exists before the
   // steps a caller attends, such as a prompt prefix computed earlier. Errors as run().
   void run_writes(const StepMetadata& meta, const LayerInputs& in);
+  // The stream and CPU threads of the following steps (cfg.exec until then): the layer's ops run
+  // on it; its buffers stay on the configured device. E8 for negative num_threads.
+  void set_exec(const ExecContext& exec);
 
   const LayerInfo& info() const;
   const LayerStepStats& last_stats() const;

@@ -130,6 +130,10 @@ class StepMetadata {
   // whose logical page lies beyond it), so that both devices accept and reject the same batches;
   // then uploads it and runs the builders.
   void build(const StepBatch& batch);
+  // The stream and CPU threads of the following builds (cfg.exec until then), for callers whose
+  // stream changes between steps (a framework's current stream, a CUDA-graph capture stream). The
+  // device stays the configured one; E8 for negative num_threads.
+  void set_exec(const ExecContext& exec);
 
   const ServingConfig& config() const;
   int64_t num_requests() const;

@@ -10,6 +10,7 @@
 // op runs on `stream` (None: the framework's current stream of the arrays' device,
 // dsv41kv._streams) with the arrays' device current.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -17,12 +18,14 @@
 
 #include <cstdint>
 #include <algorithm>
+#include <memory>
 #include <cstring>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dsv41kv/attention.hpp"
+#include "dsv41kv/attention_layer.hpp"
 #include "dsv41kv/cache.hpp"
 #include "dsv41kv/common.hpp"
 #include "dsv41kv/compressor.hpp"
@@ -30,6 +33,7 @@
 #include "dsv41kv/device.hpp"
 #include "dsv41kv/indexer.hpp"
 #include "dsv41kv/metadata.hpp"
+#include "dsv41kv/pipeline.hpp"
 #include "dsv41kv/records.hpp"
 #include "dsv41kv/rope.hpp"
 
@@ -208,6 +212,12 @@ class Call {
     const std::string prefix = cache_arg.substr(0, cache_arg.rfind("_cache"));
     return prefix + "_" + what;
   }
+
+  // Whether any array was taken, and their device (CUDA: its ordinal).
+  bool any() const { return any_; }
+  Device device() const { return device_; }
+  int cuda_device() const { return device_id_; }
+  const char* op() const { return op_; }
 
   // The ExecContext of the call: its stream (CUDA arrays), threads (CPU).
   ExecContext ctx(nb::handle stream, int num_threads = 0) {
@@ -394,12 +404,20 @@ class Call {
   void* resolve_stream(nb::handle s) {
     nb::object v = nb::borrow(s);
     if (v.is_none()) v = nb::module_::import_("dsv41kv._streams").attr("current_stream")(first_cuda_);
+    return stream_pointer(v, op_);
+  }
+
+ public:
+  // An int cudaStream_t, a torch.cuda.Stream or a cupy stream as the pointer.
+  static void* stream_pointer(nb::object v, const char* op) {
     if (nb::hasattr(v, "cuda_stream")) v = v.attr("cuda_stream");  // torch.cuda.Stream
     else if (nb::hasattr(v, "ptr")) v = v.attr("ptr");              // cupy.cuda.Stream
     if (!nb::isinstance<nb::int_>(v))
-      type_error(std::string(op_) + ": stream: " + py_type_name(v) + ", expected None, an int (cudaStream_t) or a stream object");
+      type_error(std::string(op) + ": stream: " + py_type_name(v) + ", expected None, an int (cudaStream_t) or a stream object");
     return reinterpret_cast<void*>(nb::cast<uintptr_t>(v));
   }
+
+ private:
 
   const char* op_;
   std::vector<nb::object> keep_;
@@ -749,6 +767,27 @@ void bind(nb::module_& m) {
         STREAM,
         "SPEC 6.5: the compressed slot mapping of ratio 1 or 2 with the PAD rule, slots i64 [N] (output);\n"
         "token_slots i64 [N] optional (the token's ordinary slot; -1 masks it).");
+  m.def("build_token_valid",
+        [](nb::handle slot_swa, nb::handle token_valid, nb::handle stream) {
+          Call c("build_token_valid");
+          const TensorView s = c.in(slot_swa, "slot_swa", DType::I64);
+          const TensorView v = c.out(token_valid, "token_valid", DType::I32);
+          ExecContext x = c.ctx(stream);
+          c.run([&] { dsv41kv::build_token_valid(s, v, x); });
+        },
+        ARR("slot_swa"), ARR("token_valid"), kw, STREAM,
+        "SPEC 6.1: token_valid i32 [N] (output) = 1 where slot_swa (i64 [N]) >= 0, else 0.");
+  m.def("mask_invalid_lengths",
+        [](nb::handle token_valid, nb::handle lengths, nb::handle stream) {
+          Call c("mask_invalid_lengths");
+          const TensorView v = c.in(token_valid, "token_valid", DType::I32);
+          const TensorView l = c.out(lengths, "lengths", DType::I32);
+          ExecContext x = c.ctx(stream);
+          c.run([&] { dsv41kv::mask_invalid_lengths(v, l, x); });
+        },
+        ARR("token_valid"), ARR("lengths"), kw, STREAM,
+        "SPEC 6.1 / 9.3: lengths i32 [n] (in/out) = 0 where token_valid i32 [>= n] is 0 (an invalid token has\n"
+        "no key); other entries untouched.");
   m.def("split_decode_prefill",
         [](nb::handle qsl, int64_t num_speculative_tokens) {
           Call c("split_decode_prefill");
@@ -1112,9 +1151,645 @@ void bind(nb::module_& m) {
         "[rows >= T, num_real_heads, 512] (may be o itself).");
 }
 
+// ---------------------------------------------------------------- the whole layer (attention_layer.hpp)
+//
+// The library objects own their buffers; their views come back as arrays over that memory, kept
+// alive by the Python object they belong to: numpy arrays for a CPU configuration (bf16 as its
+// uint16 bits), DLPack arrays (__dlpack__: torch.from_dlpack, cupy.from_dlpack) on CUDA, bf16 as
+// bfloat16. A view holds the last step's data until the next one.
+namespace {
+
+using pipeline::AttentionLayer;
+using pipeline::LayerInputs;
+using pipeline::LayerShared;
+using pipeline::LayerStepStats;
+using pipeline::LayerWeights;
+using pipeline::ReadPathConfig;
+using pipeline::ServingConfig;
+using pipeline::StepBatch;
+using pipeline::StepMetadata;
+using pipeline::StepRequest;
+
+// A ServingConfig with the CUDA ordinal its objects live on: the library's configuration names
+// the backend only, and CUDA buffers are allocated on the device current at construction.
+struct Serving {
+  ServingConfig c;
+  int device_id = 0;
+};
+
+std::string device_label(const Serving& s) {
+  return s.c.device == Device::CUDA ? "cuda:" + std::to_string(s.device_id) : "cpu";
+}
+
+// Makes a CUDA ordinal current for a scope, the previous one restored.
+class DeviceScope {
+ public:
+  DeviceScope(const Serving& s, const char* op) {
+#if defined(DSV41KV_WITH_CUDA)
+    if (s.c.device == Device::CUDA && cudaGetDevice(&prev_) == cudaSuccess && prev_ != s.device_id) {
+      if (cudaSetDevice(s.device_id) != cudaSuccess)
+        value_error(std::string(op) + ": cannot make device " + std::to_string(s.device_id) + " current");
+    } else {
+      prev_ = -1;
+    }
+#else
+    (void)s;
+    (void)op;
+#endif
+  }
+  ~DeviceScope() {
+#if defined(DSV41KV_WITH_CUDA)
+    if (prev_ >= 0) cudaSetDevice(prev_);
+#endif
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int prev_ = -1;
+};
+
+// The ExecContext of a call that takes no arrays (construction, StepMetadata.build): on CUDA
+// `stream`, None being the framework's current stream on the configuration's device
+// (dsv41kv._streams.current_device_stream); on the CPU no stream.
+ExecContext exec_for(const Serving& s, nb::handle stream, const char* op) {
+  ExecContext x = s.c.exec;
+  if (s.c.device == Device::CUDA) {
+    nb::object v = nb::borrow(stream);
+    if (v.is_none()) v = nb::module_::import_("dsv41kv._streams").attr("current_device_stream")(s.device_id);
+    x.stream = Call::stream_pointer(v, op);
+  } else if (!stream.is_none() && !(nb::isinstance<nb::int_>(stream) && nb::cast<int64_t>(stream) == 0)) {
+    value_error(std::string(op) + ": stream: given for a CPU configuration (the CPU backend runs on the calling thread)");
+  }
+  return x;
+}
+
+// A view of library-owned memory as an array that keeps `owner` alive.
+nb::object owned_array(const TensorView& v, nb::handle owner, int device_id) {
+  size_t shape[4];
+  int64_t strides[4];
+  for (int i = 0; i < v.ndim; ++i) {
+    shape[i] = static_cast<size_t>(v.shape[i]);
+    strides[i] = v.stride[i];
+  }
+  const bool host = v.device == Device::CPU;
+  using Code = nb::dlpack::dtype_code;
+  nb::dlpack::dtype dt{};
+  dt.lanes = 1;
+  auto set = [&](Code c, int bits) {
+    dt.code = static_cast<uint8_t>(c);
+    dt.bits = static_cast<uint8_t>(bits);
+  };
+  switch (v.dtype) {
+    case DType::F32: set(Code::Float, 32); break;
+    case DType::BF16: set(host ? Code::UInt : Code::Bfloat, 16); break;  // numpy has no bfloat16
+    case DType::U8: set(Code::UInt, 8); break;
+    case DType::I32: set(Code::Int, 32); break;
+    case DType::I64: set(Code::Int, 64); break;
+  }
+  if (host)
+    return nb::cast(nb::ndarray<nb::numpy>(v.data, static_cast<size_t>(v.ndim), shape, owner, strides, dt,
+                                           nb::device::cpu::value, 0),
+                    nb::rv_policy::reference);
+  return nb::cast(nb::ndarray<>(v.data, static_cast<size_t>(v.ndim), shape, owner, strides, dt, nb::device::cuda::value,
+                                device_id),
+                  nb::rv_policy::reference);
+}
+
+// A paged cache as the package takes caches: packed formats uint8 [num_pages, page_stride],
+// plain rows [num_pages, S, 512] (bf16 or fp8 codes) with the cache's page and row strides.
+nb::object cache_array(const CacheView& c, nb::handle owner, int device_id) {
+  const RecordInfo& info = record_info(c.format);
+  TensorView v;
+  v.data = c.base;
+  v.device = c.device;
+  v.dtype = info.element;
+  if (info.packed) {
+    v.ndim = 2;
+    v.shape = {c.num_pages, c.page_stride, 0, 0};
+    v.stride = {c.page_stride, 1, 0, 0};
+  } else {
+    v.ndim = 3;
+    v.shape = {c.num_pages, c.states_per_page, kLatentDim, 0};
+    v.stride = {c.page_stride, c.row_stride, 1, 0};
+  }
+  return owned_array(v, owner, device_id);
+}
+
+nb::object index_k_array(const IndexKCacheView& c, nb::handle owner, int device_id) {
+  TensorView v;
+  v.data = c.base;
+  v.device = c.device;
+  v.dtype = DType::U8;
+  v.ndim = 2;
+  v.shape = {c.num_pages, c.page_stride, 0, 0};
+  v.stride = {c.page_stride, 1, 0, 0};
+  return owned_array(v, owner, device_id);
+}
+
+// A host array copied into a vector: `dims` its shape (-1: any extent), in any strides.
+template <class T>
+std::vector<T> host_vector(const TensorView& v, const char* op, const char* arg, std::vector<int64_t> dims,
+                           const char* what) {
+  bool ok = v.device == Device::CPU && v.ndim == static_cast<int>(dims.size());
+  for (size_t i = 0; ok && i < dims.size(); ++i) ok = dims[i] < 0 || v.shape[i] == dims[i];
+  if (!ok) value_error(std::string(op) + ": " + arg + ": " + v.describe() + ", expected a host " + what);
+  std::vector<T> out;
+  const int64_t rows = v.shape[0], cols = v.ndim == 2 ? v.shape[1] : 1;
+  const int64_t cs = v.ndim == 2 ? v.stride[1] : 0;
+  out.reserve(static_cast<size_t>(rows * cols));
+  const T* p = static_cast<const T*>(v.data);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < cols; ++k) out.push_back(p[r * v.stride[0] + k * cs]);
+  return out;
+}
+
+Device parse_serving_device(const std::string& s, int& id) {
+  if (s == "cpu") {
+    id = 0;
+    return Device::CPU;
+  }
+  if (s == "cuda" || s.rfind("cuda:", 0) == 0) {
+    id = 0;
+    if (s.size() > 5) {
+      char* end = nullptr;
+      const long v = std::strtol(s.c_str() + 5, &end, 10);
+      if (*end != '\0' || v < 0) value_error("ServingConfig: device = '" + s + "', expected 'cpu', 'cuda' or 'cuda:N'");
+      id = static_cast<int>(v);
+    } else {
+#if defined(DSV41KV_WITH_CUDA)
+      if (cudaGetDevice(&id) != cudaSuccess) id = 0;
+#endif
+    }
+    return Device::CUDA;
+  }
+  value_error("ServingConfig: device = '" + s + "', expected 'cpu', 'cuda' or 'cuda:N'");
+}
+
+IndexKFormat parse_index_k_format(const std::string& f, const char* op) {
+  if (f == "fp8_132" || f == "fp8" || f == "132") return IndexKFormat::FP8_132;
+  if (f == "mxfp4_68" || f == "mxfp4" || f == "68") return IndexKFormat::MXFP4_68;
+  value_error(std::string(op) + ": index_k_format = '" + f + "', expected 'fp8_132' or 'mxfp4_68'");
+}
+
+RecordFormat parse_format_arg(const std::string& f, const char* op, const char* arg) {
+  try {
+    return parse_record_format(f.c_str());
+  } catch (const Error& e) {
+    value_error(std::string(op) + ": " + arg + ": " + e.what());
+  }
+}
+
+struct Meta {
+  Serving cfg;
+  std::unique_ptr<StepMetadata> m;
+};
+struct Shared {
+  Serving cfg;
+  std::unique_ptr<LayerShared> s;
+};
+struct Layer {
+  Serving cfg;
+  std::unique_ptr<AttentionLayer> l;
+};
+
+void same_device(const Serving& a, const Serving& b, const char* op, const char* arg) {
+  if (a.c.device != b.c.device || (a.c.device == Device::CUDA && a.device_id != b.device_id))
+    value_error(std::string(op) + ": " + arg + ": on " + device_label(a) + ", the layer on " + device_label(b));
+}
+
+enum class StepMode { kFull, kQueries, kWrites };
+
+// One step of the layer: the inputs through DLPack (one device, the layer's), the layer's ops on
+// `stream` (CUDA; None: the framework's current stream of the inputs) without the GIL.
+void layer_step(Layer& L, Meta& M, nb::handle q, nb::handle kv, nb::handle kv_score, nb::handle index_q,
+                nb::handle w_raw, StepMode mode, int64_t step_max_seq_len, nb::handle stream, const char* op) {
+  Call c(op);
+  LayerInputs in;
+  in.q = c.in(q, "q", DType::BF16);
+  in.kv = c.in(kv, "kv", DType::BF16);
+  in.kv_score = c.in(kv_score, "kv_score", DType::F32, true);
+  in.index_q = c.in(index_q, "index_q", DType::BF16, true);
+  in.w_raw = c.in(w_raw, "w_raw", DType::BF16, true);
+  same_device(M.cfg, L.cfg, op, "meta");
+  if (c.device() != L.cfg.c.device || (c.device() == Device::CUDA && c.cuda_device() != L.cfg.device_id))
+    value_error(std::string(op) + ": q: on " +
+                (c.device() == Device::CUDA ? "cuda:" + std::to_string(c.cuda_device()) : std::string("cpu")) +
+                ", the layer on " + device_label(L.cfg));
+  ExecContext x = L.cfg.c.exec;
+  x.stream = c.ctx(stream).stream;
+  L.l->set_exec(x);
+  c.run([&] {
+    switch (mode) {
+      case StepMode::kFull: L.l->run(*M.m, in); break;
+      case StepMode::kQueries: L.l->run_queries(*M.m, in, step_max_seq_len); break;
+      case StepMode::kWrites: L.l->run_writes(*M.m, in); break;
+    }
+  });
+}
+
+constexpr const char* kInputsDoc =
+    "meta: this step's StepMetadata (built from the layer's configuration); q bf16 [>= N, H, 512], inner\n"
+    "stride 1 (the queries before RoPE); kv bf16 [>= N, 512] contiguous (the normalized kv rows); kv\n"
+    "sources: kv_score f32 [>= N, 512 * ratio] (inner stride 1, row stride a multiple of 16); index\n"
+    "sources: index_q bf16 [>= N, 32, 128] and w_raw bf16 [>= N, 32], contiguous. Others: None. N =\n"
+    "meta.num_rows; every input on the layer's device.";
+
+}  // namespace
+
+void bind_layer(nb::module_& m) {
+  // ------------------------------------------------------------ configuration
+  nb::class_<Serving>(m, "ServingConfig",
+                      "The geometry of a serving step (pipeline::ServingConfig): rows, requests, the SWA cache and\n"
+                      "the compressed caches of each layer type, on one device ('cpu', 'cuda', 'cuda:N').")
+      .def("__init__",
+           [](Serving* self, const std::string& device, int64_t max_tokens, int64_t max_requests,
+              int64_t num_speculative_tokens, int64_t ring_blocks, int64_t swa_page_tokens, int64_t swa_num_pages,
+              int64_t swa_block_table_width, int64_t c1a_states_per_page, int64_t c1a_num_pages,
+              int64_t c1a_block_table_width, int64_t c2a_states_per_page, int64_t c2a_num_pages,
+              int64_t c2a_block_table_width, std::optional<std::vector<std::string>> formats, float fp8_scale,
+              int num_threads) {
+             Serving s;
+             s.c.device = parse_serving_device(device, s.device_id);
+             s.c.exec.num_threads = num_threads;
+             s.c.max_tokens = max_tokens;
+             s.c.max_requests = max_requests;
+             s.c.num_speculative_tokens = num_speculative_tokens;
+             s.c.ring_blocks = ring_blocks;
+             s.c.swa = {swa_page_tokens, swa_num_pages, swa_block_table_width};
+             s.c.c1a = {c1a_states_per_page, c1a_num_pages, c1a_block_table_width};
+             s.c.c2a = {c2a_states_per_page, c2a_num_pages, c2a_block_table_width};
+             if (formats) {
+               s.c.formats.clear();
+               for (const std::string& f : *formats) s.c.formats.push_back(parse_format_arg(f, "ServingConfig", "formats"));
+             }
+             s.c.fp8_scale = fp8_scale;
+             pipeline::validate(s.c);
+             if (num_threads < 0)
+               value_error("ServingConfig: num_threads = " + std::to_string(num_threads) + ", expected >= 0 (0: every core)");
+             new (self) Serving(std::move(s));
+           },
+           kw, "device"_a = "cpu", "max_tokens"_a, "max_requests"_a, "num_speculative_tokens"_a = 0, "ring_blocks"_a = 0,
+           "swa_page_tokens"_a = 32, "swa_num_pages"_a = 0, "swa_block_table_width"_a = 0, "c1a_states_per_page"_a = 0,
+           "c1a_num_pages"_a = 0, "c1a_block_table_width"_a = 0, "c2a_states_per_page"_a = 0, "c2a_num_pages"_a = 0,
+           "c2a_block_table_width"_a = 0, "formats"_a.none() = nb::none(), "fp8_scale"_a = 1.0f, "num_threads"_a = 0,
+           "max_tokens: rows of a step (padding included); max_requests; num_speculative_tokens (sets the ring\n"
+           "capacity); ring_blocks: blocks of every ratio-2 ring (block 0 the null block); swa_*: the SWA cache of\n"
+           "every layer (pages of swa_page_tokens tokens, page 0 the null page; swa_num_pages 0: none);\n"
+           "c1a_* / c2a_*: the compressed caches of each type (states_per_page 0: 64 / ratio; num_pages 0: not\n"
+           "served); formats: the compressed formats a write-path layer writes (None: all five); fp8_scale: plain\n"
+           "fp8 rows' scale; num_threads: CPU threads of every op (0: every core). dsv41kv.Error (E8) naming the\n"
+           "field for an invalid configuration.")
+      .def_prop_ro("device", [](const Serving& s) { return device_label(s); })
+      .def_prop_ro("max_tokens", [](const Serving& s) { return s.c.max_tokens; })
+      .def_prop_ro("max_requests", [](const Serving& s) { return s.c.max_requests; })
+      .def_prop_ro("num_speculative_tokens", [](const Serving& s) { return s.c.num_speculative_tokens; })
+      .def_prop_ro("ring_blocks", [](const Serving& s) { return s.c.ring_blocks; })
+      .def_prop_ro("swa_page_tokens", [](const Serving& s) { return s.c.swa.page_tokens; })
+      .def_prop_ro("swa_num_pages", [](const Serving& s) { return s.c.swa.num_pages; })
+      .def_prop_ro("swa_block_table_width", [](const Serving& s) { return s.c.swa.block_table_width; })
+      .def_prop_ro("formats", [](const Serving& s) {
+        std::vector<std::string> v;
+        for (RecordFormat f : s.c.formats) v.push_back(record_info(f).name);
+        return v;
+      })
+      .def_prop_ro("fp8_scale", [](const Serving& s) { return s.c.fp8_scale; })
+      .def_prop_ro("num_threads", [](const Serving& s) { return s.c.exec.num_threads; })
+      .def("states_per_page", [](const Serving& s, int ratio) { return s.c.states_per_page(ratio); }, "ratio"_a,
+           "S_r of the compressed caches of ratio 1 or 2 (E2 otherwise).")
+      .def("num_pages", [](const Serving& s, int ratio) { return s.c.compressed(ratio).num_pages; }, "ratio"_a,
+           "Pages of each compressed cache of ratio 1 or 2 (0: not served).")
+      .def("block_table_width", [](const Serving& s, int ratio) { return s.c.compressed(ratio).block_table_width; },
+           "ratio"_a, "Block-table columns of ratio 1 or 2.")
+      .def("serves", [](const Serving& s, int ratio) { return s.c.serves(ratio); }, "ratio"_a,
+           "Whether layers of ratio 1 or 2 are served.")
+      .def("ring_capacity", [](const Serving& s) { return s.c.ring_capacity(); },
+           "Rows per ring block (SPEC 3.2) for num_speculative_tokens.");
+
+  nb::class_<ReadPathConfig>(m, "ReadPathConfig", "The read path's choices, shared by every layer of a model.")
+      .def("__init__",
+           [](ReadPathConfig* self, float eps, int64_t max_model_len, int num_heads, int padded_heads,
+              const std::string& swa_format, const std::string& compressed_format, const std::string& index_k_format,
+              float softmax_scale, bool capturing_cuda_graph, bool device_stats) {
+             ReadPathConfig r;
+             r.eps = eps;
+             r.max_model_len = max_model_len;
+             r.num_heads = num_heads;
+             r.padded_heads = padded_heads;
+             r.swa_format = parse_format_arg(swa_format, "ReadPathConfig", "swa_format");
+             r.compressed_format = parse_format_arg(compressed_format, "ReadPathConfig", "compressed_format");
+             r.index_k_format = parse_index_k_format(index_k_format, "ReadPathConfig");
+             r.softmax_scale = softmax_scale;
+             r.capturing_cuda_graph = capturing_cuda_graph;
+             r.device_stats = device_stats;
+             pipeline::validate(r);
+             new (self) ReadPathConfig(r);
+           },
+           kw, "eps"_a, "max_model_len"_a, "num_heads"_a = 64, "padded_heads"_a = 0, "swa_format"_a = "v4_584",
+           "compressed_format"_a = "v4_584", "index_k_format"_a = "fp8_132", "softmax_scale"_a = 0.0f,
+           "capturing_cuda_graph"_a = false, "device_stats"_a = false,
+           "eps: the model's rms_norm_eps (required); max_model_len: the longest sequence (sizes the prefill\n"
+           "workspace); num_heads: H of q (8, 16, 32, 64, 128); padded_heads: 0, or 64 / 128 above H (sink -inf\n"
+           "heads); swa_format: 'v4_584', 'mxfp8_528', 'bf16', 'fp8'; compressed_format: any record format;\n"
+           "index_k_format: 'fp8_132'; softmax_scale 0: 512^-0.5; capturing_cuda_graph: never take the indexer\n"
+           "shortcut (SPEC 8.6); device_stats: CUDA layers fill last_stats' counts (synchronises).\n"
+           "dsv41kv.Error (E8) naming the field for an invalid choice.")
+      .def_ro("eps", &ReadPathConfig::eps)
+      .def_ro("max_model_len", &ReadPathConfig::max_model_len)
+      .def_ro("num_heads", &ReadPathConfig::num_heads)
+      .def_ro("padded_heads", &ReadPathConfig::padded_heads)
+      .def_prop_ro("swa_format", [](const ReadPathConfig& r) { return std::string(record_info(r.swa_format).name); })
+      .def_prop_ro("compressed_format",
+                   [](const ReadPathConfig& r) { return std::string(record_info(r.compressed_format).name); })
+      .def_prop_ro("index_k_format", [](const ReadPathConfig& r) { return std::string(index_k_format_name(r.index_k_format)); })
+      .def_ro("softmax_scale", &ReadPathConfig::softmax_scale)
+      .def_ro("capturing_cuda_graph", &ReadPathConfig::capturing_cuda_graph)
+      .def_ro("device_stats", &ReadPathConfig::device_stats)
+      .def("heads_padded", &ReadPathConfig::heads_padded, "H_pad the attention runs with (num_heads when not padded).");
+
+  // ------------------------------------------------------------ one step's metadata
+  nb::class_<StepRequest>(m, "StepRequest",
+                          "One request of a step (SPEC 6.1): positions num_computed .. num_computed + query_len - 1.")
+      .def("__init__",
+           [](StepRequest* self, int64_t query_len, int64_t num_computed, int32_t ring_block,
+              std::vector<int32_t> swa_pages, std::vector<int32_t> c1a_pages, std::vector<int32_t> c2a_pages) {
+             StepRequest r;
+             r.query_len = query_len;
+             r.num_computed = num_computed;
+             r.ring_block = ring_block;
+             r.swa_pages = std::move(swa_pages);
+             r.c1a_pages = std::move(c1a_pages);
+             r.c2a_pages = std::move(c2a_pages);
+             new (self) StepRequest(std::move(r));
+           },
+           "query_len"_a, "num_computed"_a = 0, kw, "ring_block"_a = 0, "swa_pages"_a = std::vector<int32_t>{},
+           "c1a_pages"_a = std::vector<int32_t>{}, "c2a_pages"_a = std::vector<int32_t>{},
+           "query_len, num_computed >= 0; ring_block: its block of every ratio-2 ring (<= 0: the null block);\n"
+           "swa_pages / c1a_pages / c2a_pages: the block-table rows (list of int, physical page per logical page,\n"
+           "<= 0 the null page; at most the configured width, missing entries 0).")
+      .def_rw("query_len", &StepRequest::query_len)
+      .def_rw("num_computed", &StepRequest::num_computed)
+      .def_rw("ring_block", &StepRequest::ring_block)
+      .def_rw("swa_pages", &StepRequest::swa_pages)
+      .def_rw("c1a_pages", &StepRequest::c1a_pages)
+      .def_rw("c2a_pages", &StepRequest::c2a_pages);
+
+#define META_VIEW(name, doc)                                                                 \
+  def(#name, [](nb::handle self) {                                                           \
+    Meta& M = nb::cast<Meta&>(self);                                                         \
+    return owned_array(M.m->name(), self, M.cfg.device_id);                                  \
+  }, doc)
+#define META_VIEW_R(name, doc)                                                               \
+  def(#name, [](nb::handle self, int ratio) {                                                \
+    Meta& M = nb::cast<Meta&>(self);                                                         \
+    return owned_array(M.m->name(ratio), self, M.cfg.device_id);                             \
+  }, "ratio"_a, doc)
+  nb::class_<Meta>(m, "StepMetadata",
+                   "The metadata of one step for every layer (SPEC 6), built once per step by build(). Its views\n"
+                   "(arrays on the configuration's device over the object's memory) hold the last build.")
+      .def("__init__",
+           [](Meta* self, const Serving& cfg) {
+             DeviceScope d(cfg, "StepMetadata");
+             ServingConfig c = cfg.c;
+             c.exec = exec_for(cfg, nb::none(), "StepMetadata");
+             auto p = std::make_unique<StepMetadata>(c);
+             new (self) Meta{cfg, std::move(p)};
+           },
+           "config"_a, "Allocates every buffer for the configuration's max_tokens rows and max_requests requests.")
+      .def("build",
+           [](Meta& M, const std::vector<StepRequest>& requests, int64_t padding_rows, nb::handle stream) {
+             StepBatch b;
+             b.requests = requests;
+             b.padding_rows = padding_rows;
+             DeviceScope d(M.cfg, "StepMetadata.build");
+             M.m->set_exec(exec_for(M.cfg, stream, "StepMetadata.build"));
+             nb::gil_scoped_release release;
+             M.m->build(b);
+           },
+           "requests"_a, "padding_rows"_a = 0, kw, STREAM,
+           "Builds the step of `requests` (a list of StepRequest, decodes first) and padding_rows padding rows\n"
+           "(position 0, every slot -1): qsl, positions, token_to_req, the slot mappings, block tables, the\n"
+           "SWA window rows and the prefill gather (SPEC 6). dsv41kv.Error (E8) naming the request and field\n"
+           "before anything is written. CUDA: on `stream` (None: the framework's current stream of the device).")
+      .def_prop_ro("num_requests", [](const Meta& M) { return M.m->num_requests(); })
+      .def_prop_ro("num_tokens", [](const Meta& M) { return M.m->num_tokens(); }, "Real tokens of the last build.")
+      .def_prop_ro("num_rows", [](const Meta& M) { return M.m->num_rows(); }, "N: real tokens + padding rows.")
+      .def_prop_ro("max_position", [](const Meta& M) { return M.m->max_position(); })
+      .def_prop_ro("max_seq_len", [](const Meta& M) { return M.m->max_seq_len(); })
+      .def_prop_ro("decode_s_q", [](const Meta& M) { return M.m->decode_s_q(); })
+      .def_prop_ro("generation", [](const Meta& M) { return M.m->generation(); }, "Builds so far.")
+      .def_prop_ro("split", [](const Meta& M) { return split_dict(M.m->split()); },
+                   "dict(num_reqs, num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens).")
+      .META_VIEW(qsl, "i32 [num_reqs + 1].")
+      .META_VIEW(positions, "i64 [N].")
+      .META_VIEW(token_to_req, "i32 [N].")
+      .META_VIEW_R(compressed_slots, "i64 [N]: the compressed slot mapping of a served ratio (1 or 2).")
+      .META_VIEW(ring_slots, "i64 [N]: the ratio-2 ring slots (c2a served).")
+      .META_VIEW(ring_block_table, "i32 [num_reqs, 1].")
+      .META_VIEW_R(block_table, "i32 [num_reqs, block_table_width] of a served ratio (1 or 2).")
+      .META_VIEW(swa_block_table, "i32 [num_reqs, swa_block_table_width].")
+      .META_VIEW(swa_slots, "i64 [N]: slot_swa (SPEC 6.4), -1 for an invalid token or padding.")
+      .META_VIEW(token_valid, "i32 [N]: 1 where slot_swa >= 0.")
+      .META_VIEW(seq_lens, "i64 [num_reqs]: num_computed + query_len.")
+      .META_VIEW(swa_window, "i32 [max_tokens, 128]: the decode tokens' SWA window rows (SPEC 6.6).")
+      .META_VIEW(swa_window_lens, "i32 [max_tokens]: their lengths (0 beyond the decodes).")
+      .META_VIEW(gather_lens, "i64 [num_prefills]: the SWA gather length of each prefill (SPEC 6.6).")
+      .META_VIEW(gather_starts, "i64 [num_prefills]: its start.");
+#undef META_VIEW
+#undef META_VIEW_R
+
+  // ------------------------------------------------------------ weights, shared buffers, the layer
+  nb::class_<LayerWeights>(m, "LayerWeights",
+                           "The small weights of one layer, host copies: attn_sink f32 [H]; kv sources also\n"
+                           "compressor_norm bf16 [512], wk bf16 [128, 512], k_norm bf16 [128].")
+      .def("__init__",
+           [](LayerWeights* self, nb::handle attn_sink, nb::handle compressor_norm, nb::handle wk, nb::handle k_norm) {
+             const char* op = "LayerWeights";
+             Call c(op);
+             LayerWeights w;
+             w.attn_sink = host_vector<float>(c.in(attn_sink, "attn_sink", DType::F32), op, "attn_sink", {-1}, "f32 [H]");
+             const TensorView n = c.in(compressor_norm, "compressor_norm", DType::BF16, true);
+             const TensorView k = c.in(wk, "wk", DType::BF16, true);
+             const TensorView kn = c.in(k_norm, "k_norm", DType::BF16, true);
+             if (n.present() != k.present() || n.present() != kn.present())
+               value_error(std::string(op) + ": compressor_norm, wk, k_norm: all three (a kv source) or none, got " +
+                           (n.present() ? "" : "no ") + "compressor_norm, " + (k.present() ? "" : "no ") + "wk, " +
+                           (kn.present() ? "" : "no ") + "k_norm");
+             if (n.present()) {
+               w.compressor_norm = host_vector<uint16_t>(n, op, "compressor_norm", {kLatentDim}, "bf16 [512]");
+               w.wk = host_vector<uint16_t>(k, op, "wk", {kIndexHeadDim, kLatentDim}, "bf16 [128, 512]");
+               w.k_norm = host_vector<uint16_t>(kn, op, "k_norm", {kIndexHeadDim}, "bf16 [128]");
+             }
+             new (self) LayerWeights(std::move(w));
+           },
+           ARR("attn_sink"), OPT("compressor_norm"), OPT("wk"), OPT("k_norm"),
+           "Copies of host arrays: attn_sink f32 [H]; for a kv source compressor_norm bf16 [512], wk bf16\n"
+           "[128, 512] and k_norm bf16 [128] (any strides).")
+      .def_static("from_seed", &LayerWeights::from_seed, "layer"_a, "num_heads"_a, "seed"_a,
+                  "Deterministic weights of `layer` (a LayerInfo) for H = num_heads: sinks N(0, 1), norm weights\n"
+                  "1 + N(0, 0.1), wk N(0, 1/sqrt(512)), rounded to bf16 / f32.")
+      .def_prop_ro("attn_sink", [](nb::handle self) {
+        LayerWeights& w = nb::cast<LayerWeights&>(self);
+        return owned_array(TensorView::contiguous(w.attn_sink.data(), DType::F32, {static_cast<int64_t>(w.attn_sink.size())}),
+                           self, 0);
+      }, "f32 [H] (a view of the object's copy).")
+      .def_prop_ro("compressor_norm", [](nb::handle self) -> nb::object {
+        LayerWeights& w = nb::cast<LayerWeights&>(self);
+        if (w.compressor_norm.empty()) return nb::none();
+        return owned_array(TensorView::contiguous(w.compressor_norm.data(), DType::BF16, {kLatentDim}), self, 0);
+      }, "bf16 [512] as uint16 bits (kv sources; None otherwise).")
+      .def_prop_ro("wk", [](nb::handle self) -> nb::object {
+        LayerWeights& w = nb::cast<LayerWeights&>(self);
+        if (w.wk.empty()) return nb::none();
+        return owned_array(TensorView::contiguous(w.wk.data(), DType::BF16, {kIndexHeadDim, kLatentDim}), self, 0);
+      }, "bf16 [128, 512] as uint16 bits (kv sources; None otherwise).")
+      .def_prop_ro("k_norm", [](nb::handle self) -> nb::object {
+        LayerWeights& w = nb::cast<LayerWeights&>(self);
+        if (w.k_norm.empty()) return nb::none();
+        return owned_array(TensorView::contiguous(w.k_norm.data(), DType::BF16, {kIndexHeadDim}), self, 0);
+      }, "bf16 [128] as uint16 bits (kv sources; None otherwise).");
+
+  nb::class_<LayerStepStats>(m, "LayerStepStats", "What one layer wrote and read on its last step.")
+      .def_ro("swa_records", &LayerStepStats::swa_records)
+      .def_ro("compressed_records", &LayerStepStats::compressed_records)
+      .def_ro("index_keys", &LayerStepStats::index_keys)
+      .def_ro("shortcut", &LayerStepStats::shortcut)
+      .def_ro("topk_entries", &LayerStepStats::topk_entries)
+      .def_ro("topk_max", &LayerStepStats::topk_max)
+      .def_ro("candidate_blocks", &LayerStepStats::candidate_blocks)
+      .def_ro("candidate_masked", &LayerStepStats::candidate_masked)
+      .def_ro("swa_keys", &LayerStepStats::swa_keys)
+      .def_ro("decode_rows", &LayerStepStats::decode_rows)
+      .def_ro("prefill_rows", &LayerStepStats::prefill_rows)
+      .def_ro("prefill_chunks", &LayerStepStats::prefill_chunks)
+      .def_ro("checksum", &LayerStepStats::checksum)
+      .def_ro("ms", &LayerStepStats::ms);
+
+  nb::class_<Shared>(m, "LayerShared",
+                     "What the layers of a model share in a step (SPEC 1.3): the top-k and candidates buffers, the\n"
+                     "prefill workspace and the layers themselves.")
+      .def("__init__",
+           [](Shared* self, const Serving& cfg, const ReadPathConfig& read, const ModelConfig& model) {
+             DeviceScope d(cfg, "LayerShared");
+             ServingConfig c = cfg.c;
+             c.exec = exec_for(cfg, nb::none(), "LayerShared");
+             auto p = std::make_unique<LayerShared>(c, read, model);
+             new (self) Shared{cfg, std::move(p)};
+           },
+           "config"_a, "read"_a, "model"_a, "The shared buffers of `model`'s layers for this configuration.")
+      .def("topk", [](nb::handle self) {
+        Shared& S = nb::cast<Shared&>(self);
+        return owned_array(S.s->topk(), self, S.cfg.device_id);
+      }, "i32 [max_tokens, 512]: the top-k of the last index source that ran.")
+      .def("candidates", [](nb::handle self) {
+        Shared& S = nb::cast<Shared&>(self);
+        return owned_array(S.s->candidates(), self, S.cfg.device_id);
+      }, "i32 [max_tokens, 2048]: the candidate source's blocks.")
+      .def_prop_ro("topk_writer", [](const Shared& S) { return S.s->topk_writer(); },
+                   "The layer whose top-k the buffer holds (-1: none yet).")
+      .def_prop_ro("candidates_writer", [](const Shared& S) { return S.s->candidates_writer(); },
+                   "The layer whose candidates the buffer holds (-1: none yet).");
+
+#define LAYER_VIEW(name, doc)                                                                \
+  def(#name, [](nb::handle self) {                                                           \
+    Layer& L = nb::cast<Layer&>(self);                                                       \
+    return owned_array(L.l->name(), self, L.cfg.device_id);                                  \
+  }, doc)
+  nb::class_<Layer>(m, "AttentionLayer",
+                    "One V4.1 attention layer (SPEC 9.8) with its caches and outputs of max_tokens rows: run() is\n"
+                    "the write path, the indexer and the sparse attention of a step, through the library's ops.")
+      .def("__init__",
+           [](Layer* self, const Serving& cfg, const ReadPathConfig& read, const ModelConfig& model, int layer,
+              const LayerWeights& weights, Shared& shared, nb::handle rope_table, const std::string& angle) {
+             const char* op = "AttentionLayer";
+             if (shared.cfg.c.device != cfg.c.device || (cfg.c.device == Device::CUDA && shared.cfg.device_id != cfg.device_id))
+               value_error(std::string(op) + ": shared: on " + device_label(shared.cfg) + ", the configuration on " +
+                           device_label(cfg));
+             RopeTable t;
+             if (rope_table.is_none()) {
+               t = rope_table_for_ratio(model, model.ratio(layer), read.max_model_len, parse_rope_angle(angle.c_str()));
+             } else {
+               Call c(op);
+               const TensorView v = c.in(rope_table, "rope_table", DType::F32);
+               t.data = host_vector<float>(v, op, "rope_table", {-1, kRopeTableWidth}, "f32 [rows, 64]");
+               t.rows = v.shape[0];
+             }
+             DeviceScope d(cfg, op);
+             ServingConfig c = cfg.c;
+             c.exec = exec_for(cfg, nb::none(), op);
+             auto p = std::make_unique<AttentionLayer>(c, read, model, layer, weights, t, *shared.s);
+             new (self) Layer{cfg, std::move(p)};
+           },
+           "config"_a, "read"_a, "model"_a, "layer"_a, "weights"_a, "shared"_a, kw, OPT("rope_table"),
+           "angle"_a = "binary64", nb::keep_alive<1, 7>(),
+           "Layer `layer` of `model` (its role from the topology) on the configuration's device, registered in\n"
+           "`shared` (kept alive by the layer). rope_table: host f32 [rows, 64] (None: the table of the layer's\n"
+           "ratio with read.max_model_len rows and `angle`). Caches, ring and outputs start zeroed.\n"
+           "dsv41kv.Error (E8) for a configuration without the SWA cache or the layer's type, weights of other\n"
+           "sizes, a layer `shared` already holds.")
+      .def("run",
+           [](Layer& L, Meta& M, nb::handle q, nb::handle kv, nb::handle kv_score, nb::handle index_q, nb::handle w_raw,
+              nb::handle stream) {
+             layer_step(L, M, q, kv, kv_score, index_q, w_raw, StepMode::kFull, 0, stream, "AttentionLayer.run");
+           },
+           "meta"_a, ARR("q"), ARR("kv"), OPT("kv_score"), OPT("index_q"), OPT("w_raw"), kw, STREAM,
+           (std::string("The layer's step (SPEC 9.8): SWA insert with the query RoPE, for a kv source the compressor,\n"
+                        "compressed insert and index-K store, for an index source the top-k, the sparse attention with\n"
+                        "sink and the output inverse RoPE, into output() / attention_out() / lse() / q_rotated().\n") +
+            kInputsDoc + "\ndsv41kv.Error (E8) before any write for a bad input or a source layer that has not run on meta.")
+               .c_str())
+      .def("run_queries",
+           [](Layer& L, Meta& M, nb::handle q, nb::handle kv, int64_t step_max_seq_len, nb::handle kv_score,
+              nb::handle index_q, nb::handle w_raw, nb::handle stream) {
+             layer_step(L, M, q, kv, kv_score, index_q, w_raw, StepMode::kQueries, step_max_seq_len, stream,
+                        "AttentionLayer.run_queries");
+           },
+           "meta"_a, ARR("q"), ARR("kv"), kw, ARR("step_max_seq_len"), OPT("kv_score"), OPT("index_q"), OPT("w_raw"), STREAM,
+           (std::string("The read half of run() for one PCP rank (SPEC 7.6 step 4): the caches already hold the step's\n"
+                        "rows; the query RoPE (no insert), the indexer, the attention and the inverse RoPE of meta's\n"
+                        "rows. step_max_seq_len: the global step's largest seq_len (decides the shortcut). kv_score is\n"
+                        "not read.\n") + kInputsDoc).c_str())
+      .def("run_writes",
+           [](Layer& L, Meta& M, nb::handle q, nb::handle kv, nb::handle kv_score, nb::handle index_q, nb::handle w_raw,
+              nb::handle stream) {
+             layer_step(L, M, q, kv, kv_score, index_q, w_raw, StepMode::kWrites, 0, stream, "AttentionLayer.run_writes");
+           },
+           "meta"_a, ARR("q"), ARR("kv"), OPT("kv_score"), OPT("index_q"), OPT("w_raw"), kw, STREAM,
+           (std::string("The write half of run(): the SWA insert with the query RoPE and, for a kv source, the\n"
+                        "compressor, compressed insert and index-K store; no indexer, attention or outputs.\n") +
+            kInputsDoc).c_str())
+      .def_prop_ro("info", [](const Layer& L) { return L.l->info(); }, "The layer's LayerInfo.")
+      .def_prop_ro("last_stats", [](const Layer& L) { return L.l->last_stats(); }, "LayerStepStats of the last step.")
+      .def_prop_ro("last_generation", [](const Layer& L) { return L.l->last_generation(); },
+                   "The StepMetadata generation of the last step (0: never ran).")
+      .def_prop_ro("sink", [](const Layer& L) { return L.l->sink(); }, "The per-head sink, f32 [H] (a list).")
+      .LAYER_VIEW(output, "bf16 [max_tokens, H, 512]: the last step's rows [0, N) after the inverse RoPE.")
+      .LAYER_VIEW(attention_out, "bf16 [max_tokens, H_pad, 512]: the attention before the inverse RoPE.")
+      .LAYER_VIEW(lse, "f32 [max_tokens, H_pad]: +inf for a row without keys.")
+      .LAYER_VIEW(q_rotated, "bf16 [max_tokens, H_pad, 512]: the queries the attention read.")
+      .LAYER_VIEW(ring, "f32 [ring_blocks, cap, 1024]: the compressor ring (ratio-2 kv sources; E8 otherwise).")
+      .LAYER_VIEW(latent, "bf16 [max_tokens, 512]: the compressor's closing rows (kv sources; E8 otherwise).")
+      .def("swa_cache", [](nb::handle self) {
+        Layer& L = nb::cast<Layer&>(self);
+        return cache_array(L.l->swa_cache(), self, L.cfg.device_id);
+      }, "The SWA cache in read.swa_format (swa_page_tokens states per page): packed formats uint8\n"
+         "[num_pages, page_stride], plain rows [num_pages, S, 512] (bf16 / fp8 codes), as the ops take caches.")
+      .def("compressed_cache", [](nb::handle self) {
+        Layer& L = nb::cast<Layer&>(self);
+        return cache_array(L.l->compressed_cache(), self, L.cfg.device_id);
+      }, "The compressed cache in read.compressed_format (states_per_page(ratio) per page), laid out as\n"
+         "swa_cache() (kv sources; E8 otherwise).")
+      .def("index_k_cache", [](nb::handle self) {
+        Layer& L = nb::cast<Layer&>(self);
+        return index_k_array(L.l->index_k_cache(), self, L.cfg.device_id);
+      }, "The index-K cache, uint8 [num_pages, page_stride] (fp8_132; kv sources, E8 otherwise).");
+#undef LAYER_VIEW
+}
+
 }  // namespace dsv41kv::py
 
 NB_MODULE(_core, m) {
   m.doc() = "dsv41kv's ops over caller-owned arrays (DLPack): see docs/python.md.";
   dsv41kv::py::bind(m);
+  dsv41kv::py::bind_layer(m);
 }

@@ -1,5 +1,5 @@
 """examples/: the SWA-layer script passes its own check with numpy arrays (and torch tensors when
-torch is installed)."""
+torch is installed), through the ops and through one AttentionLayer call per step."""
 import pathlib
 import subprocess
 import sys
@@ -9,10 +9,11 @@ import pytest
 EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples" / "swa_layer.py"
 
 
-@pytest.mark.parametrize("mode", ["numpy", "torch"])
+@pytest.mark.parametrize("mode", ["numpy", "torch", "layer", "layer-torch"])
 def test_swa_layer_example(mode):
-    if mode == "torch":
+    if "torch" in mode:
         pytest.importorskip("torch")
-    r = subprocess.run([sys.executable, str(EXAMPLE)] + (["--torch"] if mode == "torch" else []),
+    flags = (["--torch"] if "torch" in mode else []) + (["--layer"] if "layer" in mode else [])
+    r = subprocess.run([sys.executable, str(EXAMPLE)] + flags,
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr

@@ -815,6 +815,11 @@ void AttentionLayer::Impl::count(const StepMetadata& meta) {
   stats.checksum = fnv1a(o, static_cast<size_t>(A * H * kLatentDim) * sizeof(uint16_t), 1469598103934665603ull);
 }
 
+void AttentionLayer::set_exec(const ExecContext& exec) {
+  detail::check_exec_context(exec, "AttentionLayer::set_exec");
+  impl_->cfg.exec = exec;
+}
+
 const LayerInfo& AttentionLayer::info() const { return impl_->info; }
 const LayerStepStats& AttentionLayer::last_stats() const { return impl_->stats; }
 uint64_t AttentionLayer::last_generation() const { return impl_->generation; }

@@ -213,6 +213,11 @@ StepMetadata::StepMetadata(const ServingConfig& cfg) {
 
 StepMetadata::~StepMetadata() = default;
 
+void StepMetadata::set_exec(const ExecContext& exec) {
+  detail::check_exec_context(exec, "StepMetadata::set_exec");
+  impl_->cfg.exec = exec;
+}
+
 void StepMetadata::build(const StepBatch& batch) {
   Impl& m = *impl_;
   m.check(batch);

@@ -15,3 +15,20 @@ def current_stream(array):
             return cupy.cuda.get_current_stream().ptr
     # jax and others: no notion of a current stream here; the legacy default stream.
     return 0
+
+
+def current_device_stream(device_id):
+    """The cudaStream_t (int) current on CUDA device `device_id` for torch, else cupy, when the
+    program has imported it (neither is imported here); else 0, the legacy default stream. For
+    calls that take no array (a layer's construction, StepMetadata.build)."""
+    import sys
+
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        if torch.cuda.is_available():
+            return torch.cuda.current_stream(device_id).cuda_stream
+    if "cupy" in sys.modules:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device_id):
+            return cupy.cuda.get_current_stream().ptr
+    return 0

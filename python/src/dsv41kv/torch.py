@@ -91,6 +91,16 @@ def build_token_to_req(qsl: Tensor, token_to_req: Tensor, num_actual_tokens: int
     _core.build_token_to_req(qsl, token_to_req, num_actual_tokens=num_actual_tokens)
 
 
+@_op("build_token_valid", ("token_valid",))
+def build_token_valid(slot_swa: Tensor, token_valid: Tensor) -> None:
+    _core.build_token_valid(slot_swa, token_valid)
+
+
+@_op("mask_invalid_lengths", ("lengths",))
+def mask_invalid_lengths(token_valid: Tensor, lengths: Tensor) -> None:
+    _core.mask_invalid_lengths(token_valid, lengths)
+
+
 @_op("build_ring_slots", ("ring_slots",))
 def build_ring_slots(token_to_req: Tensor, positions: Tensor, ring_block_table: Tensor, ring_slots: Tensor,
                      num_actual_tokens: int, cap: int = 8, num_ring_blocks: int = -1) -> None:
