@@ -1,6 +1,8 @@
-// The tensor-core mainloop of sparse MLA with sink (SPEC 9.2-9.5) shared by sparse_decode and
-// sparse_prefill (docs/cuda.md, "Sparse MLA on tensor cores"). A CTA of 8 warps owns one query
-// token x a tile of HT heads (16, 32 or 64) x a run of 64-key blocks of the token's key list:
+// The mma.sync mainloop of sparse MLA with sink (SPEC 9.2-9.5) for the 16- and 32-head tiles, and
+// what it shares with the 64-head warpgroup kernel of sparse_mla_wgmma.cuh (the sources, the
+// produce step, the launch), for sparse_decode and sparse_prefill (docs/cuda.md, "Sparse MLA on
+// tensor cores"). A CTA of 8 warps owns one query token x a tile of HT heads x a run of 64-key
+// blocks of the token's key list:
 //   * Q [HT x 512] bf16 in shared memory (swizzled, loaded once);
 //   * each key block is gathered by index and dequantized once into a bf16 tile [64 x 512]
 //     (two tiles: block b+1 is produced while block b is consumed) and serves as K for
@@ -8,17 +10,18 @@
 //   * S: warp w computes rows 16 (w % R) .. +16 (R = HT / 16 row groups) x keys of slice w / R
 //     (8 / R slices of 64 R / 8 keys) with mma.m16n8k16 (fp32), scaled by softmax_scale;
 //   * online softmax in fp32: the slices' row maxima meet in shared memory, every warp of a row
-//     group derives the same running max, P = exp(z - m) is rounded to bf16 (SPEC 9.7) into a
-//     shared [HT x 64] tile, each warp sums its own columns (the row sum is added up once at the
-//     end) and the rescale factor of each row goes to shared memory;
+//     group derives the same running max, P = exp(z - m) goes to shared [HT x 64] tiles as two
+//     bf16 parts, hi = bf16(P) and lo = bf16(P - hi) (SPEC 9.7's bf16 P alone misses its tolerance
+//     on states of a few tens: docs/cuda.md), each warp sums its own fp32 weights (the row sum is
+//     added up once at the end) and the rescale factor of each row goes to shared memory;
 //   * O: warp w owns dims [64 w, 64 w + 64) of all HT rows (HT / 16 x 8 accumulator tiles);
-//     A = P, B = V (ldmatrix.trans of the key tile);
+//     O += P_hi V + P_lo V with B = V by ldmatrix.trans of the key tile;
 //   * epilogue: with one split the sink is applied (SPEC 9.2; empty rows 0 with lse +inf, 9.3)
 //     and bf16 rows are stored; with several, the normalized fp32 partial and its lse go to the
 //     caller's workspace for merge_kernel.
 // Sources (the Src policy): the two paged caches of decode (one logical list: the compressed
 // entries [0, cmp_len), then the SWA entries; each with its own record format, page size and
-// capacity) or the bf16 workspace rows of prefill (copied with cp.async, no dequantization).
+// capacity) or the bf16 workspace rows of prefill (plain loads, no dequantization).
 // Every address is 64-bit (slot / S pages times the page stride).
 #pragma once
 
@@ -51,7 +54,7 @@ static_assert(kDim / kWarps == 64, "PV: 64 dims (8 n-tiles) per warp");
 // The per-CTA shared memory of a head tile (byte offsets into the dynamic window).
 template <int HT>
 struct Smem {
-  static_assert(HT == 16 || HT == 32 || HT == 64);
+  static_assert(HT == 16 || HT == 32, "the 64-head tile runs on sparse_mla_wgmma.cuh");
   static constexpr int kRowGroups = HT / 16;
   static constexpr int kSlices = kWarps / kRowGroups;
   static constexpr int kSliceKeys = kBlock / kSlices;  // 8, 16 or 32
@@ -59,14 +62,31 @@ struct Smem {
   static constexpr int kMTiles = HT / 16;              // m16 tiles of O per warp
   static constexpr int q = 0;
   static constexpr int k = q + HT * kRowBytes;                 // 2 key tiles
-  static constexpr int p = k + 2 * kBlock * kRowBytes;         // P [HT x 64] bf16, 128-byte rows
-  static constexpr int max = p + HT * 2 * kBlock;              // f32 [slices][HT]
+  static constexpr int p = k + 2 * kBlock * kRowBytes;         // P hi [HT x 64] bf16, 128-byte rows
+  static constexpr int plo = p + HT * 2 * kBlock;              // P lo, the same
+  static constexpr int max = plo + HT * 2 * kBlock;            // f32 [slices][HT]
   static constexpr int lsum = max + 4 * kSlices * HT;          // f32 [slices][HT]
   static constexpr int alpha = lsum + 4 * kSlices * HT;        // f32 [HT]
   static constexpr int mrow = alpha + 4 * HT;                  // f32 [HT]
   static constexpr int valid = mrow + 4 * HT;                  // i32 [2][64]
   static constexpr int bytes = valid + 4 * 2 * kBlock;
   static_assert(bytes <= 227 * 1024, "fits one SM's shared memory");
+};
+
+// Shared memory of the 64-head warpgroup kernel (sparse_mla_wgmma.cuh; byte offsets from a
+// 1024-byte-aligned base).
+struct WgSmem {
+  static constexpr int kHeads = 64;
+  static constexpr int kTile = kBlock * kRowBytes;    // one [64 x 512] bf16 tile, 8 sub-tiles [64 x 64]
+  static constexpr int q = 0;                         // Q
+  static constexpr int k = q + kTile;                 // 2 key tiles
+  static constexpr int x = k + 2 * kTile;             // f32 S partials [2 warpgroups][8][128 threads] float4
+  static constexpr int valid = x + 2 * 8 * 128 * 16;  // i32 [2][64]
+  static constexpr int bars = valid + 4 * 2 * kBlock;   // u64 mbarriers: full[2], empty[2] (specialized form)
+  static constexpr int bytes = bars + 4 * 8;
+  static constexpr int alloc = bytes + 1024;          // room to align the base
+  static_assert(q % 1024 == 0 && k % 1024 == 0 && x % 1024 == 0, "swizzle atoms are 1024-byte aligned");
+  static_assert(alloc <= 227 * 1024, "fits one SM's shared memory");
 };
 
 // The heads of one call: q, out, lse, sink and the epilogue's destinations.
@@ -133,10 +153,27 @@ __device__ __forceinline__ void read_slot_chunk(int format, const KeySource& c, 
   }
 }
 
+// A hint that the 128-byte line of `p` be brought into L2 (no register, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+// Part `seg` (0..3) of the L2 prefetch of a record whose values are [v, v + vb) and whose scales
+// start at sc (nullptr: none): four lanes cover a record of up to 640 value bytes.
+__device__ __forceinline__ void prefetch_record_part(const uint8_t* v, int vb, const uint8_t* sc, int seg) {
+  const auto at = [&](int off) { return v + (off < vb ? off : vb - 1); };
+  prefetch_l2(at(128 * seg));
+  if (seg == 0) prefetch_l2(at(512));
+  if (seg == 1) prefetch_l2(at(vb - 1));
+  if (seg == 2 && sc != nullptr) prefetch_l2(sc);
+}
+
 // Decode's two caches: the compressed list (with_cmp), then the SWA list. The record formats are
 // values (one kernel per head tile serves every pair of formats; the dequantization of a key is
 // tens of instructions per lane, the switch a few).
 struct CacheSource {
+  // the 64-head kernel gathers with a producer warpgroup (V4.1-Flash batch 128: 272 against
+  // 330 us with every warp gathering; docs/performance.md)
+  static constexpr bool kProducerWarps = true;
   CacheList swa, cmp;
   bool with_cmp = false;
   // The key list of one token (the kernel parameter itself stays constant).
@@ -179,6 +216,25 @@ struct CacheSource {
             c ? cmp.fp8_scale : swa.fp8_scale, c ? cmp.aligned : swa.aligned};
   }
   __device__ int format(int src) const { return src == 0 ? cmp.format : swa.format; }
+  // Part `seg` (0..3) of the L2 prefetch of key k's record (nothing for a masked key).
+  __device__ void prefetch(KeyRef k, int seg) const {
+    if (!valid(k)) return;
+    const KeySource c = source(k.src);
+    int64_t page, r;
+    divmod(static_cast<int64_t>(k.e), c.S, page, r);
+    const uint8_t* pg = c.base + page * c.page_stride;
+    switch (format(k.src)) {
+      case kV4: prefetch_record_part(pg + V4Layout::value_offset(c.S, r), V4Layout::kValueBytes, pg + V4Layout::scale_offset(c.S, r), seg); break;
+      case kMx:
+        prefetch_record_part(pg + Mxfp8Layout::value_offset(c.S, r), Mxfp8Layout::kValueBytes, pg + Mxfp8Layout::scale_offset(c.S, r), seg);
+        break;
+      case kNv:
+        prefetch_record_part(pg + Nvfp4Layout::value_offset(c.S, r), Nvfp4Layout::kValueBytes, pg + Nvfp4Layout::scale_offset(c.S, r), seg);
+        break;
+      case kBf16: prefetch_record_part(pg + r * c.row_stride, 2 * kDim, nullptr, seg); break;
+      default: prefetch_record_part(pg + r * c.row_stride, kDim, nullptr, seg); break;
+    }
+  }
   // dims [16 lane, 16 lane + 16) of `nk` keys as bf16x2 words (masked keys: zeros); when all come
   // from one source, its format is resolved once and their loads are issued together
   template <int NK>
@@ -223,6 +279,9 @@ struct CacheSource {
 // Prefill's bf16 workspace rows: row indices[t][j] for j < topk_length[t], masked outside
 // [0, s_kv).
 struct WorkspaceSource {
+  // gathered by all 8 warps of the 64-head kernel (a producer warpgroup of 4 took 18.8 against
+  // 15.3 ms for 32K tokens: four warps wait on these plain 1 KiB rows' latency)
+  static constexpr bool kProducerWarps = false;
   const uint16_t* kv = nullptr;
   int64_t s_kv = 0, kv_stride = 0;
   const int32_t* idx = nullptr;
@@ -246,6 +305,13 @@ struct WorkspaceSource {
     return k;
   }
   __device__ bool valid(KeyRef k) const { return k.src == 0 && k.e >= 0 && k.e < s_kv; }
+  // Part `seg` (0..3) of the L2 prefetch of row k (1024 bytes: two lines a part).
+  __device__ void prefetch(KeyRef k, int seg) const {
+    if (!valid(k)) return;
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(kv + static_cast<int64_t>(k.e) * kv_stride);
+    prefetch_l2(row + 128 * seg);
+    prefetch_l2(row + 512 + 128 * seg);
+  }
   // dims [16 lane, 16 lane + 16) of `nk` keys as bf16x2 words (masked keys: zeros), plain loads
   // as decode's (the cp.async form gave wrong rows with the 16-row head tile on the H200; it comes
   // back once that is understood: docs/changelog.md)
@@ -266,19 +332,29 @@ struct WorkspaceSource {
   }
 };
 
+// The chunk addresses of a key tile: rows of 1024 bytes, chunk c of row r at c ^ (r % 8) (the
+// mma.sync mainloop's ldmatrix tiles; the warpgroup kernel passes Sw128Tile).
+struct RowTile {
+  __device__ static uint32_t addr(uint32_t tile, int row, int chunk) { return tile_addr(tile, row, chunk, kChunks); }
+};
+
 // Produces key block `b` into key tile `buf`: warp w handles keys 8 w .. 8 w + 7, lane l dims
 // [16 l, 16 l + 16) (chunks 2 l, 2 l + 1 of the row); masked keys are zero rows (P is 0 there,
 // and 0 * garbage could be NaN). `pend` holds, in lane k < 8, the key of this block the warp's
 // k-th row is; it is replaced by that of block b + 1 (the index load runs a block ahead). NB keys'
 // loads are issued before their stores (fewer with the 64-head tile, whose O tiles hold 128
 // registers a thread).
-template <int NB, class Src>
+// KPW keys a warp (8: all 8 warps produce; 16: a producer warpgroup of 4), keys K0 .. K1 - 1 of
+// them only (a block produced in two parts); `pend` moves on to block b + 1 with the last part
+// (unless !Advance: the caller moves it).
+template <int NB, class Src, class TileAddr = RowTile, int K0 = 0, int K1 = kKeysPerWarp, bool Advance = true,
+          int KPW = kKeysPerWarp>
 __device__ __forceinline__ void produce(const Src& src, const typename Src::List& list, int64_t b, int buf, uint32_t sk,
                                         int32_t* svalid, int warp, int lane, KeyRef& pend) {
   const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
-  static_assert(kKeysPerWarp % NB == 0);
+  static_assert((K1 - K0) % NB == 0 && 0 <= K0 && K0 < K1 && K1 <= KPW && KPW <= 32 && KPW * (kBlock / KPW) == kBlock);
 #pragma unroll
-  for (int k0 = 0; k0 < kKeysPerWarp; k0 += NB) {
+  for (int k0 = K0; k0 < K1; k0 += NB) {
     KeyRef key[NB];
     bool ok[NB];
 #pragma unroll
@@ -291,8 +367,8 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
     src.read(key, ok, lane, w);
 #pragma unroll
     for (int i = 0; i < NB; ++i) {
-      const int row = warp * kKeysPerWarp + k0 + i;
-      const uint32_t s0 = tile_addr(tile, row, 2 * lane, kChunks), s1 = tile_addr(tile, row, 2 * lane + 1, kChunks);
+      const int row = warp * KPW + k0 + i;
+      const uint32_t s0 = TileAddr::addr(tile, row, 2 * lane), s1 = TileAddr::addr(tile, row, 2 * lane + 1);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s0), "r"(w[i][0]), "r"(w[i][1]), "r"(w[i][2]),
                    "r"(w[i][3])
                    : "memory");
@@ -302,9 +378,9 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
     }
 #pragma unroll
     for (int i = 0; i < NB; ++i)
-      if (lane == k0 + i) svalid[buf * kBlock + warp * kKeysPerWarp + lane] = ok[i] ? 1 : 0;
+      if (lane == k0 + i) svalid[buf * kBlock + warp * KPW + lane] = ok[i] ? 1 : 0;
   }
-  if (lane < kKeysPerWarp) pend = src.entry(list, (b + 1) * kBlock + warp * kKeysPerWarp + lane);
+  if (Advance && K1 == KPW && lane < KPW) pend = src.entry(list, (b + 1) * kBlock + warp * KPW + lane);
 }
 
 // One CTA: token t, head group g, split s (blockIdx.x = (t * head_groups + g) * splits + s).
@@ -314,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
   constexpr int kNB = HT == 64 ? 2 : 4;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sbase = smem_address(smem);
-  const uint32_t sq = sbase + L::q, sk = sbase + L::k, sp = sbase + L::p;
+  const uint32_t sq = sbase + L::q, sk = sbase + L::k, sp = sbase + L::p, splo = sbase + L::plo;
   float* smax = reinterpret_cast<float*>(smem + L::max);
   float* slsum = reinterpret_cast<float*>(smem + L::lsum);
   float* salpha = reinterpret_cast<float*>(smem + L::alpha);
@@ -433,21 +509,22 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
     }
 #pragma unroll
     for (int nt = 0; nt < L::kSliceTiles; ++nt) {
-      uint32_t wv[2];
+      uint32_t wv[2], wl[2];
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const float z0 = s[nt][2 * i], z1 = s[nt][2 * i + 1];
         const float p0 = z0 == kNegInf ? 0.0f : exp2f((z0 - m_run[i]) * kLog2e);
         const float p1 = z1 == kNegInf ? 0.0f : exp2f((z1 - m_run[i]) * kLog2e);
-        wv[i] = bf16x2_rn_hw(p0, p1);
-        l_run[i] += p0 + p1;  // the fp32 weights (as FlashMLA): an exact fp32 lse; PV takes them rounded
+        split_bf16x2(p0, p1, wv[i], wl[i]);
+        l_run[i] += p0 + p1;  // the fp32 weights (as FlashMLA): an exact fp32 lse
       }
       const int col = key0 + 8 * nt + 2 * tq;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         const int row = 16 * rg + g + 8 * i;
-        const uint32_t a = tile_addr(sp, row, col / 8, 2 * kBlock / 16) + 2 * (col % 8);
-        asm volatile("st.shared.u32 [%0], %1;" ::"r"(a), "r"(wv[i]) : "memory");
+        const uint32_t off = tile_addr(0, row, col / 8, 2 * kBlock / 16) + 2 * (col % 8);
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(sp + off), "r"(wv[i]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;" ::"r"(splo + off), "r"(wl[i]) : "memory");
       }
     }
     // ---- the next block into the other tile (its last reader, PV of block b - 1, is done)
@@ -467,10 +544,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
     }
 #pragma unroll
     for (int kk = 0; kk < kBlock / 16; ++kk) {
-      uint32_t a[L::kMTiles][4];
+      uint32_t a[L::kMTiles][4], al[L::kMTiles][4];
 #pragma unroll
-      for (int mt = 0; mt < L::kMTiles; ++mt)
+      for (int mt = 0; mt < L::kMTiles; ++mt) {
         ldmatrix_x4(a[mt], a_frag_addr(sp, 16 * mt, 2 * kk, lane, 2 * kBlock / 16));
+        ldmatrix_x4(al[mt], a_frag_addr(splo, 16 * mt, 2 * kk, lane, 2 * kBlock / 16));
+      }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t bb[4];
@@ -479,6 +558,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
         for (int mt = 0; mt < L::kMTiles; ++mt) {
           mma_bf16_16816(o[mt][2 * np], a[mt], bb[0], bb[1]);
           mma_bf16_16816(o[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+          mma_bf16_16816(o[mt][2 * np], al[mt], bb[0], bb[1]);
+          mma_bf16_16816(o[mt][2 * np + 1], al[mt], bb[2], bb[3]);
         }
       }
     }
@@ -541,13 +622,25 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
 // The launch of one head tile and source. Each of the six is compiled in its own file of
 // instantiations/ (explicit instantiation definitions), so that the heavy mainloops compile in
 // parallel; every other translation unit sees the extern declarations below and compiles none.
+template <class Src>
+__global__ void sparse_mla_wg_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
+template <class Src>
+__global__ void sparse_mla_ws_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
+
+// The 64-head tile runs on warpgroup tensor cores (sparse_mla_wgmma.cuh): decode's records with a
+// producer warpgroup (Src::kProducerWarps: the dequantization is most of a block's CUDA-core work),
+// prefill's bf16 rows gathered by every warp; the 16- and 32-head tiles (tensor-parallel ranks of
+// 8 or 16 heads, and 32 heads) on the mma.sync mainloop above.
 template <int HT, class Src>
 void launch_sparse_mla(const Heads& h, const Src& src, cudaStream_t st, bool pdl) {
-  auto* kernel = &sparse_mla_kernel<HT, Src>;
-  constexpr int smem = Smem<HT>::bytes;
-  DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  const int64_t ctas = h.T * h.head_groups * h.splits;
-  launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(kThreads), smem, st, pdl, h, src);
+  const auto launch = [&](auto* kernel, int smem, int threads) {
+    DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const int64_t ctas = h.T * h.head_groups * h.splits;
+    launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, st, pdl, h, src);
+  };
+  if constexpr (HT == 64 && Src::kProducerWarps) launch(&sparse_mla_ws_kernel<Src>, WgSmem::alloc, 3 * 128);
+  else if constexpr (HT == 64) launch(&sparse_mla_wg_kernel<Src>, WgSmem::alloc, kThreads);
+  else launch(&sparse_mla_kernel<HT, Src>, Smem<HT>::bytes, kThreads);
 }
 
 #define DSV41KV_SPARSE_MLA_INSTANCES(X) \

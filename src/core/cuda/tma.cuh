@@ -18,6 +18,14 @@ namespace dsv41kv::detail::cuda {
 __device__ __forceinline__ void mbarrier_init(uint32_t bar) {
   asm volatile("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar) : "memory");
 }
+// A barrier expecting `count` arrivals per phase (threads that hand a buffer over).
+__device__ __forceinline__ void mbarrier_init_count(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival (release: this thread's earlier shared-memory accesses precede the phase's end).
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(bar) : "memory");
+}
 // The initialised barriers visible to the async proxy (the copies' complete_tx).
 __device__ __forceinline__ void mbarrier_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 // The calling thread's earlier generic-proxy accesses of shared memory ordered before later
@@ -75,6 +83,8 @@ __device__ __forceinline__ void tma_elect_load_2d(uint32_t dst, const CUtensorMa
 }
 #else
 __device__ __forceinline__ void mbarrier_init(uint32_t) {}
+__device__ __forceinline__ void mbarrier_init_count(uint32_t, uint32_t) {}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t) {}
 __device__ __forceinline__ void mbarrier_init_fence() {}
 __device__ __forceinline__ void fence_proxy_async_shared() {}
 template <uint32_t kBytes>

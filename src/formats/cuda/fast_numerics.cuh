@@ -162,6 +162,13 @@ __device__ __forceinline__ uint32_t bf16x2_rn_hw(float lo, float hi) {
   return static_cast<uint32_t>(num::bf16_encode(lo)) | (static_cast<uint32_t>(num::bf16_encode(hi)) << 16);
 #endif
 }
+// Two fp32 weights as bf16 pairs hi = bf16(p), lo = bf16(p - hi) (packed as bf16x2_rn_hw): the A
+// operands of the two products P_hi V + P_lo V of sparse MLA, whose sum carries P to ~2^-17
+// instead of bf16's 2^-9 (p - hi is exact in fp32; inputs are finite weights in [0, 1]).
+__device__ __forceinline__ void split_bf16x2(float p0, float p1, uint32_t& hi, uint32_t& lo) {
+  hi = bf16x2_rn_hw(p0, p1);
+  lo = bf16x2_rn_hw(p0 - __uint_as_float(hi << 16), p1 - __uint_as_float(hi & 0xFFFF0000u));
+}
 // Neither value is a NaN (one setp.num: a == a && b == b). Not !isunordered(a, b): that is a
 // host constexpr function (std::isunordered, reached through --expt-relaxed-constexpr) which
 // nvcc 13 folds to "unordered" in device code, so the hardware path was dead code and every

@@ -1,0 +1,399 @@
+// The 64-head tile of sparse MLA with sink on sm_90a warpgroup tensor cores (docs/cuda.md,
+// "Sparse MLA on warpgroup tensor cores"). A CTA of two warpgroups (8 warps, 256 threads) owns
+// one query token x 64 heads x a run of 64-key blocks of the token's key list, as the mma.sync
+// mainloop of sparse_mla.cuh does, with the same sources, produce step, epilogue and workspace:
+//   * Q [64 x 512] and two key tiles [64 x 512] (block b + 1 is produced while block b is
+//     consumed) in shared memory, 128-byte swizzled (core/cuda/wgmma.cuh);
+//   * S: warpgroup w computes the partial scores of dims [256 w, 256 w + 256) for all 64 heads x
+//     64 keys (wgmma m64n64k16, Q and K from shared memory); the two partials meet in shared
+//     memory and each warpgroup adds them (fp32 addition commutes: both hold the same S);
+//   * online softmax in registers, the same in both warpgroups (each row of a quad of lanes);
+//     P = exp(z - m) in fp32 is split into bf16 hi = bf16(P) and lo = bf16(P - hi), the A
+//     operands of two products (P's rounding error, 2^-9 of P for hi alone, becomes ~2^-17);
+//   * O: warpgroup w owns dims [256 w, 256 w + 256) of all 64 rows (128 fp32 registers a thread):
+//     O = alpha O + P_hi V + P_lo V with wgmma m64n256k16, A from registers, B = the key tile read
+//     MN-major (K = V);
+//   * sparse_mla_wg_kernel (prefill's bf16 rows): the next block is gathered by all 8 warps, half
+//     while S of this block runs on the tensor cores (wgmma is asynchronous), half while its PV
+//     runs; its tile is free once both warpgroups' PV of the previous block has completed;
+//   * sparse_mla_ws_kernel (decode's records): a third warpgroup gathers and dequantizes (below).
+#pragma once
+
+#include "attention/cuda/sparse_mla.cuh"
+#include "core/cuda/wgmma.cuh"
+
+namespace dsv41kv::detail::cuda::mla {
+
+// The 128-byte-swizzled chunk address of a [64 x 512] tile (produce's TileAddr policy).
+struct Sw128Tile {
+  __device__ static uint32_t addr(uint32_t tile, int row, int chunk) { return tile + sw128_offset(kBlock, row, chunk); }
+};
+
+// ---- The consumer side of one warpgroup, shared by both kernels: warpgroup c (0, 1) owns dims
+// [256 c, 256 c + 256) of O and the partial scores of the same dims; thread wt (0..127) of it
+// holds rows row0 = 16 (warp % 4) + g and row0 + 8 (g = lane / 4, tq = lane % 4).
+struct WgRows {
+  float m[2], l[2];  // running max and fp32 row sum (the quad's part) of the two rows
+  float o[128];      // O [64 x 256] of the warpgroup, m64n256 accumulator layout
+};
+
+__device__ __forceinline__ void wg_begin(WgRows& r) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  r.m[0] = r.m[1] = kNegInf;
+  r.l[0] = r.l[1] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 128; ++i) r.o[i] = 0.0f;
+}
+
+// Issues S_c = Q K^T over dims [256 c, +256) of key tile kt: 16 k-steps of 16 dims, 4 per 64-dim
+// sub-tile (committed, not waited for).
+__device__ __forceinline__ void wg_issue_scores(float (&s)[32], uint32_t sq, uint32_t kt, int c) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk) {
+    const uint32_t off = static_cast<uint32_t>((4 * c + kk / 4) * (kBlock * 128) + (kk % 4) * 32);
+    wgmma_m64n64k16_ss<0>(s, sw128_desc(sq + off, 16, 1024), sw128_desc(kt + off, 16, 1024), kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// The exchange of the two partials: put this warpgroup's, then (after a barrier over both) add the
+// other's, so that both hold S = S_0 + S_1 (fp32 addition commutes: the same bits).
+__device__ __forceinline__ void wg_put_scores(const float (&s)[32], float4* sx, int c, int wt) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) sx[(c * 8 + j) * 128 + wt] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+}
+__device__ __forceinline__ void wg_add_scores(float (&s)[32], const float4* sx, int c, int wt) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 v = sx[((c ^ 1) * 8 + j) * 128 + wt];
+    s[4 * j] += v.x;
+    s[4 * j + 1] += v.y;
+    s[4 * j + 2] += v.z;
+    s[4 * j + 3] += v.w;
+  }
+}
+
+// The online softmax of one block: scale, mask (valid[key] == 0: -inf), the running max of both
+// rows (a quad of lanes holds a row), O and l rescaled, P = exp(z - m) into the hi / lo A fragments
+// of the block's 4 k-steps of 16 keys, l += the fp32 weights.
+__device__ __forceinline__ void wg_softmax(WgRows& r, float (&s)[32], const int32_t* valid, float scale, int tq,
+                                           uint32_t (&ahi)[4][4], uint32_t (&alo)[4][4]) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  float mx[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int key = 8 * j + 2 * tq + (x & 1);
+      const float z = valid[key] ? s[4 * j + x] * scale : kNegInf;
+      s[4 * j + x] = z;
+      mx[x / 2] = fmaxf(mx[x / 2], z);
+    }
+  float alpha[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
+    mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 2));
+    const float mn = fmaxf(r.m[i], mx[i]);
+    alpha[i] = r.m[i] == kNegInf ? 0.0f : exp2f((r.m[i] - mn) * kLog2e);
+    r.m[i] = mn;
+    r.l[i] *= alpha[i];
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float z0 = s[4 * j + 2 * i], z1 = s[4 * j + 2 * i + 1];
+      const float p0 = z0 == kNegInf ? 0.0f : exp2f((z0 - r.m[i]) * kLog2e);
+      const float p1 = z1 == kNegInf ? 0.0f : exp2f((z1 - r.m[i]) * kLog2e);
+      r.l[i] += p0 + p1;
+      // n8 tile j is k-step j / 2; registers 0, 1 (rows g, g + 8) of its first 8 keys, 2, 3 of
+      // the last 8
+      split_bf16x2(p0, p1, ahi[j / 2][2 * (j % 2) + i], alo[j / 2][2 * (j % 2) + i]);
+    }
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    r.o[4 * j] *= alpha[0];
+    r.o[4 * j + 1] *= alpha[0];
+    r.o[4 * j + 2] *= alpha[1];
+    r.o[4 * j + 3] *= alpha[1];
+  }
+}
+
+// Issues O += P_hi V + P_lo V over dims [256 c, +256) of key tile kt (sub-tiles 4 c .. 4 c + 3,
+// read MN-major); the rescaled O and the A fragments are complete before the fence.
+__device__ __forceinline__ void wg_issue_pv(WgRows& r, uint32_t (&ahi)[4][4], uint32_t (&alo)[4][4], uint32_t kt, int c) {
+  wgmma_fence_operands(r.o);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_fence_operands(ahi[kk]);
+    wgmma_fence_operands(alo[kk]);
+  }
+  wgmma_fence();
+  const uint32_t v = kt + static_cast<uint32_t>(4 * c * kBlock * 128);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(r.o, ahi[kk], sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(r.o, alo[kk], sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
+  wgmma_commit();
+}
+
+// The epilogue of rows row0, row0 + 8 over dims [256 c, +256) (after the last wait): with one
+// split the sink (SPEC 9.2; a row without a key is 0 with lse +inf, 9.3) and bf16 rows; with
+// several the normalized fp32 partial and its lse (-inf: no key) into the workspace. `any` false
+// for every row (a split without keys) stores those empty rows. Both warpgroups hold the same m
+// and l: warpgroup 0 writes the lse.
+__device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, int split, int h0, int row0, int c,
+                                         int tq) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    r.l[i] += __shfl_xor_sync(0xFFFFFFFFu, r.l[i], 1);
+    r.l[i] += __shfl_xor_sync(0xFFFFFFFFu, r.l[i], 2);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int h = h0 + row0 + 8 * i;
+    if (h >= p.H) continue;
+    const float m = r.m[i], l = r.l[i];
+    const bool any = m != kNegInf;
+    if (p.splits == 1) {
+      const float sk_h = p.sink[h];
+      float f = 0.0f;
+      if (any && sk_h != kInf) {
+        const float M = fmaxf(m, sk_h);
+        const float ea = expf(m - M), eb = expf(sk_h - M);
+        f = ea / (l * ea + eb);
+      }
+      uint16_t* dst = p.out + t * p.out_tok + h * p.out_head + 256 * c + 2 * tq;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<uint32_t*>(dst + 8 * j) = bf16x2_rn_hw(r.o[4 * j + 2 * i] * f, r.o[4 * j + 2 * i + 1] * f);
+      if (c == 0 && tq == 0) p.lse[t * p.lse_tok + h] = any ? m + logf(l) : kInf;
+    } else {
+      const float f = any ? 1.0f / l : 0.0f;
+      const int64_t part = (t * p.splits + split) * p.H + h;
+      float* dst = p.ws_o + part * kDim + 256 * c + 2 * tq;
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(r.o[4 * j + 2 * i] * f, r.o[4 * j + 2 * i + 1] * f);
+      if (c == 0 && tq == 0) p.ws_lse[part] = any ? m + logf(l) : kNegInf;
+    }
+  }
+}
+
+// The shared-memory window of both kernels (1024-byte-aligned base) and the CTA's work item.
+struct WgCta {
+  uint8_t* smem;
+  uint32_t sbase;
+  int64_t t;
+  int split, h0;
+  __device__ WgCta(uint8_t* raw, const Heads& p) {
+    const uint32_t sraw = smem_address(raw);
+    sbase = (sraw + 1023u) & ~1023u;
+    smem = raw + (sbase - sraw);
+    const int64_t item = blockIdx.x;
+    split = static_cast<int>(item % p.splits);
+    const int group = static_cast<int>((item / p.splits) % p.head_groups);
+    t = item / (static_cast<int64_t>(p.splits) * p.head_groups);
+    h0 = group * WgSmem::kHeads;
+  }
+  // Q rows h0 .. h0 + 63 (zero rows past H) into the swizzled Q tile, by `threads` threads.
+  __device__ void load_q(const Heads& p, int threads) const {
+    const uint32_t sq = sbase + WgSmem::q;
+    for (int c = static_cast<int>(threadIdx.x); c < WgSmem::kHeads * kChunks; c += threads) {
+      const int r = c / kChunks, ch = c % kChunks;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (h0 + r < p.H) v = *reinterpret_cast<const uint4*>(p.q + t * p.q_tok + (h0 + r) * p.q_head + 8 * ch);
+      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(sq + sw128_offset(kBlock, r, ch)), "r"(v.x),
+                   "r"(v.y), "r"(v.z), "r"(v.w)
+                   : "memory");
+    }
+  }
+  // The run of key blocks [blo, bhi) of this split of the token's list.
+  template <class List>
+  __device__ void blocks(const Heads& p, const List& list, int64_t& blo, int64_t& bhi) const {
+    const int64_t nb = (static_cast<int64_t>(list.n) + kBlock - 1) / kBlock;
+    const int64_t per = (nb + p.splits - 1) / p.splits;
+    blo = split * per;
+    bhi = blo + per < nb ? blo + per : nb;
+  }
+};
+
+template <class Src>
+__global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads p, const Src src) {
+#if defined(DSV41KV_WGMMA)
+  using L = WgSmem;
+  constexpr int kNB = 2;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const WgCta cta(smem_raw, p);
+  const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k;
+  float4* sx = reinterpret_cast<float4*>(cta.smem + L::x);
+  int32_t* svalid = reinterpret_cast<int32_t*>(cta.smem + L::valid);
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int wg = warp / 4, wt = static_cast<int>(threadIdx.x) % 128;
+  const int tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
+
+  pdl_wait();
+  cta.load_q(p, kThreads);
+  const typename Src::List list = src.begin(cta.t);
+  int64_t blo, bhi;
+  cta.blocks(p, list, blo, bhi);
+  WgRows r;
+  wg_begin(r);
+  if (blo >= bhi) {  // no key in this split: its own path, so that no path without wgmma meets
+                     // the accumulators in flight
+    pdl_allow_dependents();
+    wg_store(p, r, cta.t, cta.split, cta.h0, row0, wg, tq);
+    return;
+  }
+  KeyRef pend;
+  if (lane < kKeysPerWarp) pend = src.entry(list, blo * kBlock + warp * kKeysPerWarp + lane);
+  produce<kNB, Src, Sw128Tile>(src, list, blo, 0, sk, svalid, warp, lane, pend);
+  fence_proxy_async_shared();  // Q and the first key tile, written by this thread, read by wgmma
+
+  // (do-while: at least one block here, and the loop's exit is the only way to the wait below)
+  int64_t b = blo;
+  do {
+    const int cur = static_cast<int>((b - blo) & 1);
+    const uint32_t kt = sk + static_cast<uint32_t>(cur * L::kTile);
+    const bool next = b + 1 < bhi;
+    wgmma_wait<0>();  // this warpgroup's PV of block b - 1
+    wgmma_fence_operands(r.o);
+    __syncthreads();  // (A) key tile `cur` stored by every warp; both PVs of block b - 1 done, so the
+                      // other key tile is free; the S exchange buffer is free
+    float s[32];
+    wg_issue_scores(s, sq, kt, wg);
+    // the first half of block b + 1 while S runs on the tensor cores, the second half during PV
+    if (next) produce<kNB, Src, Sw128Tile, 0, kKeysPerWarp / 2>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);  // the compiler keeps every access of s and o after the wait
+    wgmma_fence_operands(r.o);
+    wg_put_scores(s, sx, wg, wt);
+    __syncthreads();  // (B)
+    wg_add_scores(s, sx, wg, wt);
+    uint32_t ahi[4][4], alo[4][4];
+    wg_softmax(r, s, svalid + cur * kBlock, p.scale, tq, ahi, alo);
+    wg_issue_pv(r, ahi, alo, kt, wg);
+    if (next) {
+      produce<kNB, Src, Sw128Tile, kKeysPerWarp / 2, kKeysPerWarp>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+      fence_proxy_async_shared();  // the key tile of block b + 1, read by the next S
+    }
+  } while (++b < bhi);
+  wgmma_wait<0>();
+  wgmma_fence_operands(r.o);
+  pdl_allow_dependents();
+  wg_store(p, r, cta.t, cta.split, cta.h0, row0, wg, tq);
+#else
+  // Built only for sm_90a (CMakeLists.txt): wgmma has no other target.
+  __trap();
+#endif
+}
+
+// The warp-specialized form of the same product: 384 threads, warpgroup 0 the producer (gathers
+// and dequantizes each block into a free key tile, 16 keys a warp, and prefetches the next
+// block's records into L2), warpgroups 1 and 2 the consumers of sparse_mla_wg_kernel (S, softmax,
+// PV over their dims). The producer holds no accumulators, so the dequantization no longer
+// competes with the 128 O registers (setmaxnreg: 56 registers for the producer, 224 for the
+// consumers). The tiles are handed over with mbarriers: full[buf] (128 producer arrivals after
+// their stores) and empty[buf] (256 consumer arrivals once their PV of the tile's block is done).
+template <class Src>
+__global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p, const Src src) {
+#if defined(DSV41KV_WGMMA)
+  using L = WgSmem;
+  constexpr int kNB = 2, kKPW = 16;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const WgCta cta(smem_raw, p);
+  const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k, sbars = cta.sbase + L::bars;
+  float4* sx = reinterpret_cast<float4*>(cta.smem + L::x);
+  int32_t* svalid = reinterpret_cast<int32_t*>(cta.smem + L::valid);
+  const auto full = [&](int buf) { return sbars + 8u * static_cast<uint32_t>(buf); };
+  const auto empty = [&](int buf) { return sbars + 16u + 8u * static_cast<uint32_t>(buf); };
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32, lane = tid % 32, wg = warp / 4, wt = tid % 128;
+
+  if (tid == 0) {
+    mbarrier_init_count(full(0), 128);
+    mbarrier_init_count(full(1), 128);
+    mbarrier_init_count(empty(0), 256);
+    mbarrier_init_count(empty(1), 256);
+    mbarrier_init_fence();
+  }
+  pdl_wait();
+  cta.load_q(p, 3 * 128);
+  fence_proxy_async_shared();  // Q, read by the consumers' wgmma
+  __syncthreads();             // Q and the barriers ready
+  const typename Src::List list = src.begin(cta.t);
+  int64_t blo, bhi;
+  cta.blocks(p, list, blo, bhi);
+
+  if (wg == 0) {
+    // ---- producer: block b into tile (b - blo) % 2 once its previous block's PVs are done
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    if (blo >= bhi) return;
+    KeyRef pend, ahead;
+    const auto entry = [&](int64_t blk) { return src.entry(list, blk * kBlock + warp * kKPW + lane); };
+    if (lane < kKPW) {
+      pend = entry(blo);
+      ahead = entry(blo + 1);
+    }
+    for (int64_t b = blo; b < bhi; ++b) {
+      const int it = static_cast<int>(b - blo), buf = it & 1;
+      if (it >= 2) mbarrier_wait_parity(empty(buf), static_cast<uint32_t>(((it >> 1) - 1) & 1));
+      // block b + 1's records into L2 while this block is gathered (its entries are here)
+      KeyRef k;
+      k.e = __shfl_sync(0xFFFFFFFFu, ahead.e, lane % kKPW);
+      k.src = __shfl_sync(0xFFFFFFFFu, ahead.src, lane % kKPW);
+      src.prefetch(k, 2 * (lane / kKPW));
+      src.prefetch(k, 2 * (lane / kKPW) + 1);
+      produce<kNB, Src, Sw128Tile, 0, kKPW, false, kKPW>(src, list, b, buf, sk, svalid, warp, lane, pend);
+      fence_proxy_async_shared();
+      mbarrier_arrive(full(buf));
+      if (lane < kKPW) {
+        pend = ahead;
+        ahead = entry(b + 2);
+      }
+    }
+    return;
+  }
+  // ---- consumers: warpgroup c = wg - 1 owns dims [256 c, +256)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+  const int c = wg - 1, tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
+  WgRows r;
+  wg_begin(r);
+  if (blo >= bhi) {
+    pdl_allow_dependents();
+    wg_store(p, r, cta.t, cta.split, cta.h0, row0, c, tq);
+    return;
+  }
+  int64_t b = blo;
+  do {
+    const int it = static_cast<int>(b - blo), buf = it & 1;
+    const uint32_t kt = sk + static_cast<uint32_t>(buf * L::kTile);
+    mbarrier_wait_parity(full(buf), static_cast<uint32_t>((it >> 1) & 1));
+    float s[32];
+    wg_issue_scores(s, sq, kt, c);
+    wgmma_wait<0>();  // S(b), and PV(b - 1) before it
+    wgmma_fence_operands(s);
+    wgmma_fence_operands(r.o);
+    if (it > 0) mbarrier_arrive(empty(buf ^ 1));  // block b - 1's tile is free
+    wg_put_scores(s, sx, c, wt);
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");
+    wg_add_scores(s, sx, c, wt);
+    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both read: the exchange buffer is free again
+    uint32_t ahi[4][4], alo[4][4];
+    wg_softmax(r, s, svalid + buf * kBlock, p.scale, tq, ahi, alo);
+    wg_issue_pv(r, ahi, alo, kt, c);
+  } while (++b < bhi);
+  wgmma_wait<0>();
+  wgmma_fence_operands(r.o);
+  pdl_allow_dependents();
+  wg_store(p, r, cta.t, cta.split, cta.h0, row0, c, tq);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace dsv41kv::detail::cuda::mla
