@@ -403,7 +403,12 @@ class Call {
 
   void* resolve_stream(nb::handle s) {
     nb::object v = nb::borrow(s);
-    if (v.is_none()) v = nb::module_::import_("dsv41kv._streams").attr("current_stream")(first_cuda_);
+    if (v.is_none()) {
+      // looked up once (an import and an attribute lookup per call cost microseconds); never
+      // released, so that no Python object is freed after the interpreter has finalized
+      static nb::object* current = new nb::object(nb::module_::import_("dsv41kv._streams").attr("current_stream"));
+      v = (*current)(first_cuda_);
+    }
     return stream_pointer(v, op_);
   }
 

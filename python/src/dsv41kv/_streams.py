@@ -7,6 +7,11 @@ def current_stream(array):
     if mod == "torch":
         import torch
 
+        # torch's own raw-stream accessor (what Triton's launcher calls) is ~10x cheaper than
+        # building a torch.cuda.Stream object; the public call where a torch lacks it
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return raw(array.device.index)
         return torch.cuda.current_stream(array.device).cuda_stream
     if mod == "cupy":
         import cupy
