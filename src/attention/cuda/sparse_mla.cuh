@@ -107,6 +107,22 @@ struct Heads {
   float* ws_lse = nullptr;  // splits > 1: f32 [T][splits][H] partial lse (-inf: no key)
 };
 
+// SPEC 9.2 / 9.3, the sink once: the factor e^(m-M) / (l e^(m-M) + e^(sink-M)), M = max(m, sink),
+// that takes a row's unnormalized output (running max m, sum l of its weights) to the output; 0
+// for a row without a key (m = -inf) whatever the sink, and for sink +inf.
+__device__ __forceinline__ float sink_factor(float m, float l, float sink) {
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  if (m == kNegInf || sink == std::numeric_limits<float>::infinity()) return 0.0f;
+  const float M = fmaxf(m, sink);
+  const float ea = expf(m - M), eb = expf(sink - M);
+  return ea / (l * ea + eb);
+}
+// The lse a row reports: m + ln l, or `empty` (+inf for an output row, -inf for a split's
+// partial) without a key.
+__device__ __forceinline__ float row_lse(float m, float l, float empty) {
+  return m != -std::numeric_limits<float>::infinity() ? m + logf(l) : empty;
+}
+
 // A paged cache of one key list (decode): slot = page * S + r, record format F.
 struct CacheList {
   const uint8_t* base = nullptr;
@@ -594,19 +610,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
       const float m = smrow[row];
       const bool any = m != kNegInf;
       if (p.splits == 1) {
-        // SPEC 9.2 / 9.3: the sink once; a row without a key is 0 with lse +inf whatever the sink
-        const float sk_h = p.sink[h];
-        float f = 0.0f;
-        if (any && sk_h != kInf) {
-          const float M = fmaxf(m, sk_h);
-          const float ea = expf(m - M), eb = expf(sk_h - M);
-          f = ea / (l * ea + eb);
-        }
+        const float f = sink_factor(m, l, p.sink[h]);
         uint16_t* dst = p.out + t * p.out_tok + h * p.out_head + 64 * warp + 2 * tq;
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
           *reinterpret_cast<uint32_t*>(dst + 8 * nt) = bf16x2_rn_hw(o[mt][nt][2 * i] * f, o[mt][nt][2 * i + 1] * f);
-        if (warp == 0 && tq == 0) p.lse[t * p.lse_tok + h] = any ? m + logf(l) : kInf;
+        if (warp == 0 && tq == 0) p.lse[t * p.lse_tok + h] = row_lse(m, l, kInf);
       } else {
         const float f = any ? 1.0f / l : 0.0f;
         const int64_t part = (t * p.splits + split) * p.H + h;
@@ -614,7 +623,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
           *reinterpret_cast<float2*>(dst + 8 * nt) = make_float2(o[mt][nt][2 * i] * f, o[mt][nt][2 * i + 1] * f);
-        if (warp == 0 && tq == 0) p.ws_lse[part] = any ? m + logf(l) : kNegInf;
+        if (warp == 0 && tq == 0) p.ws_lse[part] = row_lse(m, l, kNegInf);
       }
     }
 }

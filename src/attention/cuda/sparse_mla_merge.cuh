@@ -42,19 +42,12 @@ __global__ void __launch_bounds__(128) merge_kernel(const Heads p) {
       }
     }
   }
-  const float sk_h = p.sink[h];
-  const bool any = M != kNegInf;
-  float f = 0.0f;
-  if (any && sk_h != kInf) {
-    const float Mx = fmaxf(M, sk_h);
-    const float ea = expf(M - Mx), eb = expf(sk_h - Mx);
-    f = ea / (L * ea + eb);
-  }
+  const float f = sink_factor(M, L, p.sink[h]);
   uint32_t wv[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) wv[i] = bf16x2_rn_hw(acc[2 * i] * f, acc[2 * i + 1] * f);
   store_words<8>(reinterpret_cast<uint8_t*>(p.out + t * p.out_tok + h * p.out_head + 16 * lane), wv);
-  if (lane == 0) p.lse[t * p.lse_tok + h] = any ? M + logf(L) : kInf;
+  if (lane == 0) p.lse[t * p.lse_tok + h] = row_lse(M, L, kInf);
 }
 
 }  // namespace dsv41kv::detail::cuda::mla

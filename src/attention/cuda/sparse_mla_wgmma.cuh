@@ -160,18 +160,12 @@ __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, i
     const float m = r.m[i], l = r.l[i];
     const bool any = m != kNegInf;
     if (p.splits == 1) {
-      const float sk_h = p.sink[h];
-      float f = 0.0f;
-      if (any && sk_h != kInf) {
-        const float M = fmaxf(m, sk_h);
-        const float ea = expf(m - M), eb = expf(sk_h - M);
-        f = ea / (l * ea + eb);
-      }
+      const float f = sink_factor(m, l, p.sink[h]);
       uint16_t* dst = p.out + t * p.out_tok + h * p.out_head + 256 * c + 2 * tq;
 #pragma unroll
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<uint32_t*>(dst + 8 * j) = bf16x2_rn_hw(r.o[4 * j + 2 * i] * f, r.o[4 * j + 2 * i + 1] * f);
-      if (c == 0 && tq == 0) p.lse[t * p.lse_tok + h] = any ? m + logf(l) : kInf;
+      if (c == 0 && tq == 0) p.lse[t * p.lse_tok + h] = row_lse(m, l, kInf);
     } else {
       const float f = any ? 1.0f / l : 0.0f;
       const int64_t part = (t * p.splits + split) * p.H + h;
@@ -179,7 +173,7 @@ __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, i
 #pragma unroll
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(r.o[4 * j + 2 * i] * f, r.o[4 * j + 2 * i + 1] * f);
-      if (c == 0 && tq == 0) p.ws_lse[part] = any ? m + logf(l) : kNegInf;
+      if (c == 0 && tq == 0) p.ws_lse[part] = row_lse(m, l, kNegInf);
     }
   }
 }
