@@ -117,6 +117,11 @@ __device__ __forceinline__ float sink_factor(float m, float l, float sink) {
   const float ea = expf(m - M), eb = expf(sink - M);
   return ea / (l * ea + eb);
 }
+// The factor of a split's normalized partial: 1 / l, 0 for a row without a key (merge_kernel
+// weighs the partials by their lse and applies the sink once).
+__device__ __forceinline__ float partial_factor(float m, float l) {
+  return m != -std::numeric_limits<float>::infinity() ? 1.0f / l : 0.0f;
+}
 // The lse a row reports: m + ln l, or `empty` (+inf for an output row, -inf for a split's
 // partial) without a key.
 __device__ __forceinline__ float row_lse(float m, float l, float empty) {
@@ -608,7 +613,6 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
 #pragma unroll
       for (int x = 0; x < L::kSlices; ++x) l += slsum[x * HT + row];
       const float m = smrow[row];
-      const bool any = m != kNegInf;
       if (p.splits == 1) {
         const float f = sink_factor(m, l, p.sink[h]);
         uint16_t* dst = p.out + t * p.out_tok + h * p.out_head + 64 * warp + 2 * tq;
@@ -617,7 +621,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_kernel(const Heads p, 
           *reinterpret_cast<uint32_t*>(dst + 8 * nt) = bf16x2_rn_hw(o[mt][nt][2 * i] * f, o[mt][nt][2 * i + 1] * f);
         if (warp == 0 && tq == 0) p.lse[t * p.lse_tok + h] = row_lse(m, l, kInf);
       } else {
-        const float f = any ? 1.0f / l : 0.0f;
+        const float f = partial_factor(m, l);
         const int64_t part = (t * p.splits + split) * p.H + h;
         float* dst = p.ws_o + part * kDim + 64 * warp + 2 * tq;
 #pragma unroll

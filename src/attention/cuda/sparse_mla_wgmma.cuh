@@ -141,8 +141,8 @@ __device__ __forceinline__ void wg_issue_pv(WgRows& r, uint32_t (&ahi)[4][4], ui
 
 // The epilogue of rows row0, row0 + 8 over dims [256 c, +256) (after the last wait): with one
 // split the sink (SPEC 9.2; a row without a key is 0 with lse +inf, 9.3) and bf16 rows; with
-// several the normalized fp32 partial and its lse (-inf: no key) into the workspace. `any` false
-// for every row (a split without keys) stores those empty rows. Both warpgroups hold the same m
+// several the normalized fp32 partial and its lse (-inf: no key) into the workspace. With m =
+// -inf in every row (a split without keys) it stores those empty rows. Both warpgroups hold the same m
 // and l: warpgroup 0 writes the lse.
 __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, int split, int h0, int row0, int c,
                                          int tq) {
@@ -158,7 +158,6 @@ __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, i
     const int h = h0 + row0 + 8 * i;
     if (h >= p.H) continue;
     const float m = r.m[i], l = r.l[i];
-    const bool any = m != kNegInf;
     if (p.splits == 1) {
       const float f = sink_factor(m, l, p.sink[h]);
       uint16_t* dst = p.out + t * p.out_tok + h * p.out_head + 256 * c + 2 * tq;
@@ -167,7 +166,7 @@ __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, i
         *reinterpret_cast<uint32_t*>(dst + 8 * j) = bf16x2_rn_hw(r.o[4 * j + 2 * i] * f, r.o[4 * j + 2 * i + 1] * f);
       if (c == 0 && tq == 0) p.lse[t * p.lse_tok + h] = row_lse(m, l, kInf);
     } else {
-      const float f = any ? 1.0f / l : 0.0f;
+      const float f = partial_factor(m, l);
       const int64_t part = (t * p.splits + split) * p.H + h;
       float* dst = p.ws_o + part * kDim + 256 * c + 2 * tq;
 #pragma unroll
