@@ -106,6 +106,7 @@ __device__ void select_top_block(int64_t n, int K, bool finite_only, Key key, Em
   __shared__ int s_remaining, s_count;
   __shared__ typename BlockScan::TempStorage scan;
   __shared__ typename BlockSum::TempStorage sum;
+  static_assert(kThreads == 256, "one histogram bin per thread");
   const int tid = static_cast<int>(threadIdx.x);
   auto eligible = [&](float x) { return finite_only ? isfinite(x) : !isnan(x); };
   int mine = 0;
@@ -119,7 +120,7 @@ __device__ void select_top_block(int64_t n, int K, bool finite_only, Key key, Em
   const bool all = k == s_count;  // every eligible entry is taken
   if (!all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int d = tid; d < 256; d += kThreads) hist[d] = 0;
+      hist[tid] = 0;
       __syncthreads();
       for (int64_t i = tid; i < n; i += kThreads) {
         const float x = key(i);
@@ -128,17 +129,16 @@ __device__ void select_top_block(int64_t n, int K, bool finite_only, Key key, Em
         if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1);
       }
       __syncthreads();
-      if (tid == 0) {
-        int cum = 0, digit = 0;
-        for (int d = 255; d >= 0; --d) {
-          if (cum + hist[d] >= remaining) {
-            digit = d;
-            break;
-          }
-          cum += hist[d];
+      // the digit where the count from the top reaches `remaining`: thread i holds digit 255 - i,
+      // an inclusive scan gives the count of it and every larger digit
+      {
+        const int d = 255 - tid, h = hist[d];
+        int above, total;
+        BlockScan(scan).ExclusiveSum(h, above, total);
+        if (above < remaining && above + h >= remaining) {
+          s_prefix = prefix | (static_cast<uint32_t>(d) << shift);
+          s_remaining = remaining - above;
         }
-        s_prefix = prefix | (static_cast<uint32_t>(digit) << shift);
-        s_remaining = remaining - cum;
       }
       __syncthreads();
       prefix = s_prefix;
