@@ -2,8 +2,8 @@
 # Builds and runs every test: the release build (CPU tests; CUDA tests skip without a GPU), the
 # CMake package (installed from that build, a consumer project built and run against it), the
 # whole CPU suite again against the library built with AddressSanitizer + UndefinedBehaviorSanitizer
-# (CMakeLists.txt: DSV41KV_SANITIZE), then the Python
-# package (pip install into a virtual environment, CPU-only, and pytest).
+# (CMakeLists.txt: DSV41KV_SANITIZE), then the Python package (pip install into a virtual
+# environment, CPU-only, and pytest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh

@@ -141,9 +141,9 @@ __device__ __forceinline__ void wg_issue_pv(WgRows& r, uint32_t (&ahi)[4][4], ui
 
 // The epilogue of rows row0, row0 + 8 over dims [256 c, +256) (after the last wait): with one
 // split the sink (SPEC 9.2; a row without a key is 0 with lse +inf, 9.3) and bf16 rows; with
-// several the normalized fp32 partial and its lse (-inf: no key) into the workspace. With m =
-// -inf in every row (a split without keys) it stores those empty rows. Both warpgroups hold the same m
-// and l: warpgroup 0 writes the lse.
+// several the normalized fp32 partial and its lse (-inf: no key) into the workspace; a split
+// without keys (m = -inf in every row) stores those empty rows. Both warpgroups hold the same m and
+// l: warpgroup 0 writes the lse.
 __device__ __forceinline__ void wg_store(const Heads& p, WgRows& r, int64_t t, int split, int h0, int row0, int c,
                                          int tq) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

@@ -130,11 +130,11 @@ __device__ void select_top_block(int64_t n, int K, bool finite_only, Key key, Em
       }
       __syncthreads();
       // the digit where the count from the top reaches `remaining`: thread i holds digit 255 - i,
-      // an inclusive scan gives the count of it and every larger digit
+      // and an exclusive scan gives the count of every larger digit
       {
         const int d = 255 - tid, h = hist[d];
-        int above, total;
-        BlockScan(scan).ExclusiveSum(h, above, total);
+        int above;
+        BlockScan(scan).ExclusiveSum(h, above);
         if (above < remaining && above + h >= remaining) {
           s_prefix = prefix | (static_cast<uint32_t>(d) << shift);
           s_remaining = remaining - above;
