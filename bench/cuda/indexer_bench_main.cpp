@@ -38,7 +38,7 @@ uint8_t finite_e4m3(uint64_t r) {
   return (c & 0x7F) == 0x7F ? static_cast<uint8_t>(c ^ 1) : c;
 }
 
-int run(int64_t nc, int64_t batch, int64_t sq, int group, int blocks, int iters) {
+int run(int64_t nc, int64_t batch, int64_t sq, int group, int blocks, int kernel, int iters) {
   constexpr int64_t S = 64;
   const int64_t T = batch * sq, pages_per_req = (nc + S - 1) / S, pages = batch * pages_per_req;
   IndexKCacheView cache = IndexKCacheView::with_default_strides(nullptr, IndexKFormat::FP8_132, pages, S, Device::CUDA);
@@ -126,14 +126,16 @@ int run(int64_t nc, int64_t batch, int64_t sq, int group, int blocks, int iters)
     a.workspace = TensorView::contiguous(ws.p, DType::U8, {static_cast<int64_t>(ws.n)}, Device::CUDA);
     a.group_tokens = group;
     a.score_blocks_per_sm = blocks;
+    a.score_kernel = role == IndexerRole::kCandidateConsumer ? 0 : kernel;  // a consumer has one kernel
     return timer.eager([&] { indexer_topk(a, ctx); }, true);
   };
   const double plain = time_role(IndexerRole::kPlain);
   const double cons = time_role(IndexerRole::kCandidateConsumer);
   const double bytes = static_cast<double>(batch) * static_cast<double>(nc) * IndexerKFp8Layout::kRecordBytes;
   const double gbs = bytes / (plain * 1e-3) / 1e9;
-  std::printf("indexer_topk n_c %lld batch %lld s_q %lld group %d blocks/SM %d: copy %.0f GB/s\n",
-              static_cast<long long>(nc), static_cast<long long>(batch), static_cast<long long>(sq), group, blocks, copy);
+  std::printf("indexer_topk n_c %lld batch %lld s_q %lld group %d blocks/SM %d kernel %d: copy %.0f GB/s\n",
+              static_cast<long long>(nc), static_cast<long long>(batch), static_cast<long long>(sq), group, blocks, kernel,
+              copy);
   std::printf("  plain     %.4f ms  index-K %.0f GB/s = %.1f%% of the copy\n", plain, gbs, 100.0 * gbs / copy);
   std::printf("  consumer  %.4f ms  %.2fx faster than plain\n", cons, plain / cons);
   bench::ck(cudaStreamDestroy(st), "stream");
@@ -145,12 +147,14 @@ int run(int64_t nc, int64_t batch, int64_t sq, int group, int blocks, int iters)
 int main(int argc, char** argv) {
   CLI::App app{"The CUDA indexer's scores + top-512 of a decode step against the copy bandwidth"};
   int64_t nc = 131072, batch = 128, sq = 2;
-  int group = 0, blocks = 0, iters = 20;
+  int group = 0, blocks = 0, kernel = 0, iters = 20;
   app.add_option("--nc", nc, "visible entries of each request's last token")->check(CLI::Range(int64_t{2048}, int64_t{1} << 30));
   app.add_option("--batch", batch, "requests")->check(CLI::Range(1, 4096));
   app.add_option("--sq", sq, "decode tokens per request")->check(CLI::Range(1, 8));
   app.add_option("--group", group, "IndexerTopkArgs::group_tokens (0: the library's choice)")->check(CLI::Range(0, 8));
   app.add_option("--blocks", blocks, "IndexerTopkArgs::score_blocks_per_sm (0: the library's choice)")->check(CLI::Range(0, 2));
+  app.add_option("--kernel", kernel, "IndexerTopkArgs::score_kernel (0: the library's choice, 1 chunk, 2 warpgroup)")
+      ->check(CLI::Range(0, 2));
   app.add_option("--iters", iters, "timed repetitions (median)")->check(CLI::Range(1, 100000));
   try {
     app.parse(argc, argv);
@@ -162,7 +166,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return run(nc, batch, sq, group, blocks, iters);
+    return run(nc, batch, sq, group, blocks, kernel, iters);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dsv41kv-indexer-bench: %s\n", e.what());
     return 1;

@@ -139,6 +139,11 @@ struct IndexerTopkArgs {
                                        // request); 0: the library's choice (2). Results do not depend on it
   int score_blocks_per_sm = 0;         // CUDA tuning: 0 (the library's choice, 2), 1 or 2: the scoring
                                        // kernel's registers capped for that many resident blocks per SM
+                                       // (the chunk kernel)
+  int score_kernel = 0;                // CUDA tuning: the scoring kernel of a plain or source layer:
+                                       // 0 (the library's choice: warpgroup where it applies), 1 chunk
+                                       // (every case), 2 warpgroup (sm_90a; key rows 16-byte aligned,
+                                       // S % 4 == 0, group_tokens <= 2). Results agree within SPEC 8.8
 };
 void indexer_topk(const IndexerTopkArgs& args, const ExecContext& ctx = {});
 

@@ -44,6 +44,8 @@ struct IndexerTopkPlan {
   int64_t ws_chunks = 0;                    // CUDA: chunks per token in the workspace (topk_chunks)
   int group_tokens = 2;                     // CUDA: tokens per scoring block
   int score_blocks_per_sm = 2;              // CUDA: the scoring kernel's register cap (1 or 2)
+  int score_kernel = 1;                     // CUDA: 1 chunk, 2 warpgroup (where the device has wgmma)
+  bool score_kernel_forced = false;         // requested as 2 (else the library's choice)
 };
 
 // The CUDA top-k's chunking (topk_cuda.cu): a scoring block covers kTopkChunk entries (plain,

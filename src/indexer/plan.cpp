@@ -250,6 +250,25 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
     bad_arg(op, "score_blocks_per_sm", fmt::format("{}, expected 0 (the library's choice), 1 or 2", a.score_blocks_per_sm));
   p.score_blocks_per_sm = a.score_blocks_per_sm == 0 ? 2 : a.score_blocks_per_sm;
   if (a.role == IndexerRole::kCandidateConsumer) p.group_tokens = std::min(p.group_tokens, kTopkConsumerGroup);
+  if (a.score_kernel < 0 || a.score_kernel > 2)
+    bad_arg(op, "score_kernel", fmt::format("{}, expected 0 (the library's choice), 1 (chunk) or 2 (warpgroup)",
+                                            a.score_kernel));
+  {
+    // the warpgroup kernel's conditions: bulk copies of whole rows and 4-state scale runs (16-byte
+    // aligned), two tokens per block, no candidate union
+    const bool aligned = reinterpret_cast<uintptr_t>(a.k_cache.base) % 16 == 0 && a.k_cache.page_stride % 16 == 0;
+    const bool fits = a.role != IndexerRole::kCandidateConsumer && p.group_tokens <= 2 && aligned &&
+                      a.k_cache.states_per_page % 4 == 0;
+    if (a.score_kernel == 2 && !fits)
+      bad_arg(op, "score_kernel",
+              fmt::format("2 (warpgroup) for role {}, group_tokens {}, k_cache base {} page_stride {} S {}, expected a "
+                          "plain or source layer, group_tokens <= 2, a 16-byte aligned base and page stride and S % 4 "
+                          "== 0 (else 0 or 1)",
+                          indexer_role_name(a.role), p.group_tokens, a.k_cache.base, a.k_cache.page_stride,
+                          a.k_cache.states_per_page));
+    p.score_kernel = a.score_kernel == 1 || !fits ? 1 : 2;
+    p.score_kernel_forced = a.score_kernel == 2;
+  }
   p.ws_chunks = topk_chunks(a.role, topk_entry_bound(p.bt_cols, a.k_cache.states_per_page));
   if (p.device != Device::CPU && built_with_cuda()) {
     // CUDA: the chunks' candidates and block scores between the scoring and the selecting kernel

@@ -172,7 +172,7 @@ struct DeviceStep {
         ws(std::vector<uint8_t>(static_cast<size_t>(indexer_topk_workspace_bytes(s.T, s.bt_cols, s.S, role)), 0xEE)),
         w(s.w), scores(s.scores.vec()), pos(s.pos), req(s.req), valid(s.valid), bt(s.bt), topk(s.topk.vec()),
         cand(s.cand.vec()) {}
-  IndexerTopkArgs args(IndexerStep& s, IndexerRole role, bool with_scores, int group, int blocks = 0) {
+  IndexerTopkArgs args(IndexerStep& s, IndexerRole role, bool with_scores, int group, int blocks = 0, int kernel = 0) {
     IndexerTopkArgs a = s.args(role, with_scores);
     a.q8 = q8.view({s.T, kIndexHeads, kIndexHeadDim});
     a.w = w.view({s.T, kIndexHeads});
@@ -188,6 +188,7 @@ struct DeviceStep {
     a.workspace = ws.view1();
     a.group_tokens = group;
     a.score_blocks_per_sm = blocks;
+    a.score_kernel = kernel;
     return a;
   }
 };
@@ -249,6 +250,7 @@ struct TopkCase {
   bool with_scores = true;
   int group = 0;
   int blocks = 0;  // score_blocks_per_sm
+  int kernel = 0;  // score_kernel
 };
 
 // The CPU's outputs of a step for a role (with scores): the reference of check_topk.
@@ -266,7 +268,7 @@ void check_topk(const IndexerStep& step, const IndexerStep& h, const std::vector
                 const std::string& what) {
   IndexerStep fresh = step;
   DeviceStep d(fresh, c.role);
-  indexer_topk(d.args(fresh, c.role, c.with_scores, c.group, c.blocks));
+  indexer_topk(d.args(fresh, c.role, c.with_scores, c.group, c.blocks, c.kernel));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
   const std::vector<float> scores = d.scores.download();
   const std::vector<int32_t> topk = d.topk.download(), cand = d.cand.download();
@@ -332,7 +334,8 @@ IndexerStep with_source_candidates(const IndexerStep& s, Rng& rng) {
 
 // Every role, both ratios, around the 512 boundary and past 16K entries (where the candidates
 // matter), decode rows of 1, 2 and 6 tokens per request, a prefill run, invalid tokens, with and
-// without the scores output, several group sizes, aligned and unaligned key rows.
+// without the scores output, several group sizes, aligned and unaligned key rows, both scoring
+// kernels (the warpgroup one where it applies: aligned rows, groups of up to 2, not a consumer).
 TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
   for (int ratio : {1, 2}) {
     // n_c 511; 512, 512 + (ratio 1); 513..; 20000..; around 16384; a prefill run; tiny
@@ -349,15 +352,17 @@ TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
         const bool is_cons = role == IndexerRole::kCandidateConsumer;
         const IndexerStep& step = is_cons ? cons : s;
         const IndexerStep ref = cpu_reference(step, role);
-        for (bool sc : {true, false})
-          for (int group : {0, 1, 6, 8}) {
-            if (!sc && group != 0) continue;
-            const std::string what = std::string(role_tag(role)) + " r" + std::to_string(ratio) + " stride+" +
-                                     std::to_string(extra) + (sc ? " scores" : " no scores") + " group " +
-                                     std::to_string(group);
-            check_topk(step, ref, is_cons ? tol_cons : tol, {role, sc, group}, what);
-          }
-        check_topk(step, ref, is_cons ? tol_cons : tol, {role, true, 0, 1},
+        for (int kernel : {1, 2})
+          for (bool sc : {true, false})
+            for (int group : {0, 1, 6, 8}) {
+              if (!sc && group != 0) continue;
+              if (kernel == 2 && (is_cons || extra != 0 || group > 2)) continue;
+              const std::string what = std::string(role_tag(role)) + " r" + std::to_string(ratio) + " stride+" +
+                                       std::to_string(extra) + (sc ? " scores" : " no scores") + " group " +
+                                       std::to_string(group) + " kernel " + std::to_string(kernel);
+              check_topk(step, ref, is_cons ? tol_cons : tol, {role, sc, group, 0, kernel}, what);
+            }
+        check_topk(step, ref, is_cons ? tol_cons : tol, {role, true, 0, 1, 1},
                    std::string(role_tag(role)) + " r" + std::to_string(ratio) + " one block per SM");
       }
     }
@@ -381,15 +386,17 @@ TEST_F(IndexerGpu, TopkTiesTakeTheLowestEntries) {
     }
   }
   for (auto& x : s.w) x = std::fabs(x) + 1e-3f;  // a positive score unless every D is <= 0
-  for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource}) {
-    IndexerStep h = s;
-    DeviceStep d(h, role);
-    indexer_topk(h.args(role));
-    indexer_topk(d.args(h, role, false, 0));
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), std::string(role_tag(role)) + ": tied topk"));
-    EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), std::string(role_tag(role)) + ": tied candidates"));
-  }
+  for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource})
+    for (int kernel : {1, 2}) {
+      const std::string what = std::string(role_tag(role)) + " kernel " + std::to_string(kernel);
+      IndexerStep h = s;
+      DeviceStep d(h, role);
+      indexer_topk(h.args(role));
+      indexer_topk(d.args(h, role, false, 0, 0, kernel));
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), what + ": tied topk"));
+      EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), what + ": tied candidates"));
+    }
 }
 
 // A request of 256K entries (ratio 1 and 2): 64 chunks of the workspace, 2 decode tokens and, for
@@ -398,11 +405,30 @@ TEST_F(IndexerGpu, TopkLongContext) {
   for (int ratio : {1, 2}) {
     const int64_t n = int64_t{262144};
     IndexerStep s = make_step(rng(), ratio, {{n * ratio - 2 + ratio - 1, 2}}, 64, {}, 0);
-    check_topk(s, cpu_reference(s, IndexerRole::kCandidateSource), tolerances(s),
-               {IndexerRole::kCandidateSource, false, 0}, "256K source r" + std::to_string(ratio));
+    const IndexerStep ref = cpu_reference(s, IndexerRole::kCandidateSource);
+    const std::vector<double> tol = tolerances(s);
+    for (int kernel : {1, 2})
+      check_topk(s, ref, tol, {IndexerRole::kCandidateSource, false, 0, 0, kernel},
+                 "256K source r" + std::to_string(ratio) + " kernel " + std::to_string(kernel));
     const IndexerStep c = with_source_candidates(s, rng());
     check_topk(c, cpu_reference(c, IndexerRole::kCandidateConsumer), tolerances(c),
                {IndexerRole::kCandidateConsumer, true, 0}, "256K consumer r" + std::to_string(ratio));
+  }
+}
+
+// A batch of more groups than SMs: one warpgroup block per group covers the whole request, so a
+// token's candidates pass several hand-offs, compactions and thresholds; S = 32 (a stage spans two
+// pages) and requests of different lengths.
+TEST_F(IndexerGpu, TopkManyGroups) {
+  std::vector<RequestSpec> reqs;
+  for (int b = 0; b < 150; ++b) reqs.push_back({static_cast<int64_t>(b % 3 == 0 ? 9000 + 17 * b : 4100 + b), 2});
+  IndexerStep s = make_step(rng(), 1, reqs, 32, {7, 100}, 0);
+  const std::vector<double> tol = tolerances(s);
+  for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource}) {
+    const IndexerStep ref = cpu_reference(s, role);
+    for (int kernel : {1, 2})
+      check_topk(s, ref, tol, {role, true, 0, 0, kernel},
+                 std::string(role_tag(role)) + " 150 requests kernel " + std::to_string(kernel));
   }
 }
 
@@ -428,6 +454,16 @@ TEST_F(IndexerGpu, TopkWorkspaceValidation) {
   IndexerTopkArgs blocks = a;
   blocks.score_blocks_per_sm = 3;
   EXPECT_THROW(indexer_topk(blocks), Error);
+  IndexerTopkArgs kernel = a;
+  kernel.score_kernel = 3;
+  EXPECT_THROW(indexer_topk(kernel), Error);
+  IndexerTopkArgs wide = a;  // the warpgroup kernel takes at most 2 tokens per block
+  wide.score_kernel = 2;
+  wide.group_tokens = 4;
+  EXPECT_THROW(indexer_topk(wide), Error);
+  IndexerTopkArgs unaligned = a;  // this step's page stride is not a multiple of 16
+  unaligned.score_kernel = 2;
+  EXPECT_THROW(indexer_topk(unaligned), Error);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(d.topk.download() == s.topk.vec());
   EXPECT_TRUE(bits_equal(s.scores.vec(), d.scores.download(), "scores untouched"));

@@ -220,17 +220,6 @@ int prefill_head_tile(int H) { return H <= 16 ? 16 : H == 32 ? 32 : 64; }
 
 }  // namespace
 
-int sm_count() {
-  static thread_local int dev_cached = -1, sms = 0;
-  int dev = 0;
-  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev != dev_cached) {
-    DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    dev_cached = dev;
-  }
-  return sms;
-}
-
 void sparse_decode(const SparseDecodeArgs& a, const DecodePlan& p, const ExecContext& ctx) {
   const char* op = "sparse_decode";
   mla::Heads h = heads_of(op, a.q, a.out, a.lse, a.sink, a.softmax_scale, p.heads);

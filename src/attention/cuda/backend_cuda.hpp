@@ -4,6 +4,7 @@
 #pragma once
 
 #include "attention/backend.hpp"
+#include "core/cuda/device_info.hpp"
 #include "dsv41kv/attention.hpp"
 
 namespace dsv41kv::detail::cuda {
@@ -12,6 +13,4 @@ void sparse_prefill(const SparsePrefillArgs& a, const PrefillPlan& p, const Exec
 void attention_output_rope(const OutputRopeArgs& a, const OutputRopePlan& p, const ExecContext& ctx);
 void gather_prefill_workspace(const WorkspaceGatherArgs& a, const GatherPlan& p, const ExecContext& ctx);
 void build_prefill_indices(const PrefillIndexArgs& a, const IndexPlan& p, const ExecContext& ctx);
-// SMs of the current device (cached per device; the CUDA decode schedule).
-int sm_count();
 }  // namespace dsv41kv::detail::cuda

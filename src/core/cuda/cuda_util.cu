@@ -1,5 +1,6 @@
 // CUDA error handling (cuda_util.hpp).
 #include "core/cuda/cuda_util.hpp"
+#include "core/cuda/device_info.hpp"
 
 #include <array>
 #include <atomic>
@@ -67,3 +68,16 @@ void fill_words(void* dst, uint32_t word, size_t count, void* stream) {
 }
 
 }  // namespace dsv41kv::detail
+
+namespace dsv41kv::detail::cuda {
+int sm_count() {
+  static thread_local int dev_cached = -1, sms = 0;
+  int dev = 0;
+  DSV41KV_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev != dev_cached) {
+    DSV41KV_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    dev_cached = dev;
+  }
+  return sms;
+}
+}  // namespace dsv41kv::detail::cuda

@@ -36,6 +36,18 @@ template <uint32_t kBytes>
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "n"(kBytes) : "memory");
 }
+// The same with a byte count known only at run time (0: a plain arrival).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx_bytes(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A 1-d bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global memory
+// into shared memory at `dst`, completing its bytes on `bar` (no tensor map: the source rows are
+// contiguous runs of a page).
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
 // Waits until the barrier's phase of the given parity has completed (acquire: the copies' bytes
 // are visible to the calling thread).
 __device__ __forceinline__ void mbarrier_wait_parity(uint32_t bar, uint32_t parity) {
@@ -89,6 +101,8 @@ __device__ __forceinline__ void mbarrier_init_fence() {}
 __device__ __forceinline__ void fence_proxy_async_shared() {}
 template <uint32_t kBytes>
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t) {}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx_bytes(uint32_t, uint32_t) {}
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t, const void*, uint32_t, uint32_t) {}
 __device__ __forceinline__ void mbarrier_wait_parity(uint32_t, uint32_t) {}
 __device__ __forceinline__ void tma_load_3d(uint32_t, const CUtensorMap*, int32_t, int32_t, int32_t, uint32_t) {}
 template <uint32_t kBytes>

@@ -71,6 +71,12 @@ struct SelectShared {
   int remaining;
 };
 
+// An item of a selection: the ranked float and the entry (or block) it stands for.
+struct ScoredEntry {
+  float key;
+  int32_t entry;
+};
+
 // What select_top found: k = min(K, #eligible) entries taken; when fewer than all eligible were
 // taken (all == false), `boundary` is the order key of the K-th ranked one (every later key
 // equal to it ranks below the K taken, every larger key is among them).

@@ -18,7 +18,6 @@
 // (docs/cuda.md has the error bound), so the rows agree with the CPU's as sets up to entries whose
 // score lies within the tolerance of the boundary. Device values are trusted as validated for
 // host views; what a kernel cannot use (a page outside the cache or the block table) scores -inf.
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -26,7 +25,12 @@
 
 #include "core/cuda/cuda_util.hpp"
 #include "core/cuda/mma_fp8.cuh"
+#include "core/validate.hpp"
+#include "core/cuda/device_info.hpp"
 #include "indexer/cuda/backend_cuda.hpp"
+#include "indexer/cuda/score_warpgroup.cuh"
+#include "indexer/cuda/select_group.cuh"
+#include "indexer/cuda/topk_params.cuh"
 
 namespace dsv41kv::detail::cuda {
 namespace {
@@ -41,138 +45,18 @@ static_assert(kChunk % kTileKeys == 0 && kChunk % kCandidateBlockSize == 0);
 static_assert(kChunkBlocks == kIndexTopk, "the workspace's three arrays share one row shape");
 static_assert(kIndexHeads == 32 && kIndexHeadDim == 128, "the fragment mapping below");
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-struct TopkParams {
-  IndexerRole role = IndexerRole::kPlain;
-  int ratio = 1;
-  int group = 2;
-  bool vec16 = false;  // key rows 16-byte aligned (base and page stride): uint4 loads
-  const uint8_t* q8 = nullptr;  // [T, 32, 128]
-  const float* w = nullptr;     // [T, 32]
-  const int64_t* pos = nullptr;
-  const int32_t* t2r = nullptr;
-  const int32_t* valid = nullptr;  // null: all valid
-  const int32_t* bt = nullptr;
-  int64_t bt_stride = 0, bt_cols = 0;
-  const uint8_t* cache = nullptr;
-  int64_t S = 1, page_stride = 0, num_pages = 0;
-  int32_t* topk = nullptr;
-  int64_t topk_stride = 0;
-  int32_t* cand = nullptr;
-  int64_t cand_stride = 0;
-  float* scores = nullptr;
-  int64_t scores_stride = 0, scores_cols = 0;
-  float* ws_score = nullptr;  // [T][chunks * 512] each
-  int32_t* ws_index = nullptr;
-  float* ws_block = nullptr;  // source only
-  int32_t* ws_nchunks = nullptr;  // consumer only: [T] chunks of the run's candidate union
-  int64_t chunks = 0;
-  int64_t T = 0;
-};
-
-__device__ bool token_valid(const TopkParams& p, int64_t t) { return p.valid == nullptr || p.valid[t] != 0; }
-__device__ int64_t token_nc(const TopkParams& p, int64_t t) {
-  return token_valid(p, t) ? closed_groups(p.pos[t] + 1, int64_t{p.ratio}) : 0;
-}
-// The chunks of token t's workspace row that the scoring kernel fills (and the select reads).
-// A consumer's: those of its run's candidate union, left by the scoring kernel.
-__device__ int64_t token_chunks(const TopkParams& p, int64_t t) {
-  if (!token_valid(p, t)) return 0;
-  if (p.role == IndexerRole::kCandidateConsumer) return p.ws_nchunks[t];
-  const int64_t c = (token_nc(p, t) + kChunk - 1) / kChunk;
-  return c < p.chunks ? c : p.chunks;
-}
-
-// ---------------------------------------------------------------- selection (SPEC 8.5's ranking)
-
+constexpr float kNegInf = kTopkNegInf;
 using BlockScan = cub::BlockScan<int, kThreads>;
-using BlockSum = cub::BlockReduce<int, kThreads>;
 
-// A float's order as an unsigned key (larger float, larger key; -0 as +0: equal keys rank by index).
-__device__ uint32_t order_key(float x) {
-  const uint32_t b = num::f2u(x == 0.0f ? 0.0f : x);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-// The top min(K, #eligible) of key(0..n) by (key desc, position asc), emitted as emit(j, i) for
-// j < K in ascending position order, emit(j, -1) after (select.hpp's rule): a radix selection of
-// the K-th key (four 8-bit passes over a shared histogram), then an ordered compaction. Every
-// thread of the block calls it.
-template <class Key, class Emit>
-__device__ void select_top_block(int64_t n, int K, bool finite_only, Key key, Emit emit) {
-  __shared__ int hist[256];
-  __shared__ uint32_t s_prefix;
-  __shared__ int s_remaining, s_count;
-  __shared__ typename BlockScan::TempStorage scan;
-  __shared__ typename BlockSum::TempStorage sum;
-  static_assert(kThreads == 256, "one histogram bin per thread");
-  const int tid = static_cast<int>(threadIdx.x);
-  auto eligible = [&](float x) { return finite_only ? isfinite(x) : !isnan(x); };
-  int mine = 0;
-  for (int64_t i = tid; i < n; i += kThreads) mine += eligible(key(i));
-  const int count = BlockSum(sum).Sum(mine);
-  if (tid == 0) s_count = count;
-  __syncthreads();
-  const int k = s_count < K ? s_count : K;
-  uint32_t prefix = 0, mask = 0;
-  int remaining = k;
-  const bool all = k == s_count;  // every eligible entry is taken
-  if (!all) {
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      hist[tid] = 0;
-      __syncthreads();
-      for (int64_t i = tid; i < n; i += kThreads) {
-        const float x = key(i);
-        if (!eligible(x)) continue;
-        const uint32_t u = order_key(x);
-        if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255u], 1);
-      }
-      __syncthreads();
-      // the digit where the count from the top reaches `remaining`: thread i holds digit 255 - i,
-      // and an exclusive scan gives the count of every larger digit
-      {
-        const int d = 255 - tid, h = hist[d];
-        int above;
-        BlockScan(scan).ExclusiveSum(h, above);
-        if (above < remaining && above + h >= remaining) {
-          s_prefix = prefix | (static_cast<uint32_t>(d) << shift);
-          s_remaining = remaining - above;
-        }
-      }
-      __syncthreads();
-      prefix = s_prefix;
-      remaining = s_remaining;
-      mask |= 255u << shift;
-      __syncthreads();
-    }
-  }
-  // ordered compaction: every key above the K-th, then its ties by position
-  int taken = 0, ties = 0;
-  for (int64_t base = 0; base < n && taken < k; base += kThreads) {
-    const int64_t i = base + tid;
-    int gt = 0, eq = 0;
-    if (i < n) {
-      const float x = key(i);
-      if (eligible(x)) {
-        const uint32_t u = order_key(x);
-        gt = all || u > prefix;
-        eq = !all && u == prefix;
-      }
-    }
-    int eq_rank, eq_total;
-    BlockScan(scan).ExclusiveSum(eq, eq_rank, eq_total);
-    __syncthreads();
-    const int take = gt || (eq && ties + eq_rank < remaining);
-    int at, n_taken;
-    BlockScan(scan).ExclusiveSum(take, at, n_taken);
-    __syncthreads();
-    if (take) emit(taken + at, i);
-    taken += n_taken;
-    ties += eq_total;
-  }
-  for (int j = taken + tid; j < K; j += kThreads) emit(j, int64_t{-1});
-  __syncthreads();  // the block's shared state is reused by the next call
+// The whole block as one selection group (barrier 0), with its shared state.
+struct BlockSelect {
+  ThreadGroup<kThreads> grp;
+  SelectShared* sh;
+};
+__device__ __forceinline__ BlockSelect block_select() {
+  __shared__ int scratch[kWarps];
+  __shared__ SelectShared sh;
+  return {{static_cast<int>(threadIdx.x), 0, scratch}, &sh};
 }
 
 // ---------------------------------------------------------------- scoring
@@ -397,10 +281,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) score_chunk_kernel(const
             if (s[b * kCandidateBlockSize + e] > m) m = s[b * kCandidateBlockSize + e];  // a NaN never wins
           p.ws_block[row + b] = m;
         }
-      select_top_block(kChunk, kIndexTopk, true, [&](int64_t i) { return s[i]; }, [&](int j, int64_t i) {
-        p.ws_score[row + j] = i >= 0 ? s[i] : kNegInf;
-        p.ws_index[row + j] = i >= 0 ? static_cast<int32_t>(entry_of(base + i)) : -1;
-      });
+      const BlockSelect bs = block_select();
+      select_top(
+          bs.grp, *bs.sh, kChunk, kIndexTopk, true, [&](int64_t i) { return ScoredEntry{s[i], static_cast<int32_t>(i)}; },
+          [&](int j, ScoredEntry e) {
+            p.ws_score[row + j] = e.key;
+            p.ws_index[row + j] = static_cast<int32_t>(entry_of(base + e.entry));
+          },
+          [&](int j) {
+            p.ws_score[row + j] = kNegInf;
+            p.ws_index[row + j] = -1;
+          });
     }
   };
 
@@ -546,18 +437,23 @@ __global__ void __launch_bounds__(kThreads) select_kernel(const TopkParams p) {
   int32_t* out = p.topk + t * p.topk_stride;
   // positions ascend with the entries in every chunk and across chunks (pads are -inf, never
   // eligible), so ranking ties by position ranks them by entry
-  select_top_block(chunks * kIndexTopk, kIndexTopk, true, [&](int64_t i) { return p.ws_score[row + i]; },
-                   [&](int j, int64_t i) { out[j] = i >= 0 ? p.ws_index[row + i] : -1; });
+  const BlockSelect bs = block_select();
+  select_top(
+      bs.grp, *bs.sh, chunks * kIndexTopk, kIndexTopk, true,
+      [&](int64_t i) { return ScoredEntry{p.ws_score[row + i], p.ws_index[row + i]}; },
+      [&](int j, ScoredEntry e) { out[j] = e.entry; }, [&](int j) { out[j] = -1; });
   if (p.role != IndexerRole::kCandidateSource) return;
   int32_t* cout = p.cand + t * p.cand_stride;
   const int64_t nc = token_nc(p, t);
   int64_t nb = (nc + kCandidateBlockSize - 1) / kCandidateBlockSize;
-  if (nb > chunks * kChunkBlocks) nb = chunks * kChunkBlocks;  // a device n_c beyond the block table
-  select_top_block(nb, kCandidateTopkBlocks, false,
-                   [&](int64_t b) {
-                     return b == nb - 1 ? std::numeric_limits<float>::infinity() : p.ws_block[row + b];
-                   },
-                   [&](int j, int64_t b) { cout[j] = static_cast<int32_t>(b); });
+  if (nb > p.chunks * kChunkBlocks) nb = p.chunks * kChunkBlocks;  // a device n_c beyond the block table
+  select_top(
+      bs.grp, *bs.sh, nb, kCandidateTopkBlocks, false,
+      [&](int64_t b) {
+        return ScoredEntry{b == nb - 1 ? std::numeric_limits<float>::infinity() : p.ws_block[row + b],
+                           static_cast<int32_t>(b)};
+      },
+      [&](int j, ScoredEntry e) { cout[j] = e.entry; }, [&](int j) { cout[j] = -1; });
 }
 
 }  // namespace
@@ -602,11 +498,31 @@ void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const Exec
 
   cudaStream_t s = as_stream(ctx.stream);
   const bool consumer = a.role == IndexerRole::kCandidateConsumer;
-  if (consumer && k.scores != nullptr && p.scores_cols > 0) {
+  bool warpgroup = p.score_kernel == 2;
+  if (warpgroup && !device_is_sm90_or_newer()) {
+    if (p.score_kernel_forced)
+      bad_arg("indexer_topk", "score_kernel", "2 (warpgroup) on a device below sm_90, expected 0 or 1");
+    warpgroup = false;
+  }
+  if ((consumer || warpgroup) && k.scores != nullptr && p.scores_cols > 0) {
     const dim3 grid(static_cast<unsigned>(std::min<int64_t>((p.scores_cols + kThreads - 1) / kThreads, 64)),
                     static_cast<unsigned>(std::min<int64_t>(p.T, 65535)));
     fill_scores_kernel<<<grid, kThreads, 0, s>>>(k);
     DSV41KV_CUDA_CHECK_LAUNCH("fill_scores_kernel");
+  }
+  if (warpgroup) {
+    // one wave of blocks over the step: nch blocks per group share each request's entries
+    const int64_t groups = (p.T + k.group - 1) / k.group;
+    const int64_t nch = std::clamp<int64_t>((sm_count() + groups - 1) / groups, 1, p.ws_chunks);
+    k.slots = nch;
+    auto* kernel = wgscore::score_warpgroup_kernel;
+    DSV41KV_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(wgscore::kSmemBytes)));
+    kernel<<<dim3(static_cast<unsigned>(nch), static_cast<unsigned>(groups)), wgscore::kThreads, wgscore::kSmemBytes, s>>>(
+        k, nch);
+    DSV41KV_CUDA_CHECK_LAUNCH("score_warpgroup_kernel");
+    launch_kernel(select_kernel, dim3(static_cast<unsigned>(p.T)), dim3(kThreads), s, ctx.programmatic_launch, k);
+    return;
   }
   int64_t gx = p.ws_chunks;
   if (!consumer && k.scores != nullptr) gx = std::max(gx, (p.scores_cols + kChunk - 1) / kChunk);
