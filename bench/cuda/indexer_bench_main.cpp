@@ -126,7 +126,7 @@ int run(int64_t nc, int64_t batch, int64_t sq, int group, int blocks, int kernel
     a.workspace = TensorView::contiguous(ws.p, DType::U8, {static_cast<int64_t>(ws.n)}, Device::CUDA);
     a.group_tokens = group;
     a.score_blocks_per_sm = blocks;
-    a.score_kernel = role == IndexerRole::kCandidateConsumer ? 0 : kernel;  // a consumer has one kernel
+    a.score_kernel = kernel;
     return timer.eager([&] { indexer_topk(a, ctx); }, true);
   };
   const double plain = time_role(IndexerRole::kPlain);

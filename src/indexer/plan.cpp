@@ -255,17 +255,16 @@ IndexerTopkPlan plan_indexer_topk(const IndexerTopkArgs& a) {
                                             a.score_kernel));
   {
     // the warpgroup kernel's conditions: bulk copies of whole rows and 4-state scale runs (16-byte
-    // aligned), two tokens per block, no candidate union
+    // aligned), two tokens per block; a consumer's copies are whole 8-entry blocks of one page
     const bool aligned = reinterpret_cast<uintptr_t>(a.k_cache.base) % 16 == 0 && a.k_cache.page_stride % 16 == 0;
-    const bool fits = a.role != IndexerRole::kCandidateConsumer && p.group_tokens <= 2 && aligned &&
-                      a.k_cache.states_per_page % 4 == 0;
+    const int64_t S_div = a.role == IndexerRole::kCandidateConsumer ? 8 : 4;
+    const bool fits = p.group_tokens <= 2 && aligned && a.k_cache.states_per_page % S_div == 0;
     if (a.score_kernel == 2 && !fits)
       bad_arg(op, "score_kernel",
-              fmt::format("2 (warpgroup) for role {}, group_tokens {}, k_cache base {} page_stride {} S {}, expected a "
-                          "plain or source layer, group_tokens <= 2, a 16-byte aligned base and page stride and S % 4 "
-                          "== 0 (else 0 or 1)",
+              fmt::format("2 (warpgroup) for role {}, group_tokens {}, k_cache base {} page_stride {} S {}, expected "
+                          "group_tokens <= 2, a 16-byte aligned base and page stride and S % {} == 0 (else 0 or 1)",
                           indexer_role_name(a.role), p.group_tokens, a.k_cache.base, a.k_cache.page_stride,
-                          a.k_cache.states_per_page));
+                          a.k_cache.states_per_page, S_div));
     p.score_kernel = a.score_kernel == 1 || !fits ? 1 : 2;
     p.score_kernel_forced = a.score_kernel == 2;
   }

@@ -232,7 +232,7 @@ TEST(IndexerValidation, Topk) {
       {"consumer block after the padding", R::kCandidateConsumer, [](IndexerStep& s, IndexerTopkArgs&) { s.cand_row(4)[100] = 50; }, "candidates[4][100] = 50 after -1"},
       {"consumer candidates garbage", R::kCandidateConsumer, [](IndexerStep& s, IndexerTopkArgs&) { s.cand_row(5)[0] = -2; }, "candidates[5][0] = -2 after the row start"},
       {"score kernel", R::kPlain, [](IndexerStep&, IndexerTopkArgs& a) { a.score_kernel = 3; }, "indexer_topk: score_kernel: 3, expected 0 (the library's choice), 1 (chunk) or 2 (warpgroup)"},
-      {"warpgroup kernel for a consumer", R::kCandidateConsumer, [](IndexerStep&, IndexerTopkArgs& a) { a.score_kernel = 2; }, "indexer_topk: score_kernel: 2 (warpgroup) for role candidate_consumer, group_tokens 2"},
+      {"warpgroup kernel for wide groups", R::kPlain, [](IndexerStep&, IndexerTopkArgs& a) { a.score_kernel = 2; a.group_tokens = 4; }, "indexer_topk: score_kernel: 2 (warpgroup) for role plain, group_tokens 4"},
       {"device mix", R::kPlain, [](IndexerStep&, IndexerTopkArgs& a) { a.topk.device = Device::CUDA; }, "topk: on cuda, expected cpu like positions"},
       {"cache device", R::kPlain, [](IndexerStep&, IndexerTopkArgs& a) { a.k_cache.device = Device::CUDA; }, "k_cache: on cuda, expected cpu like positions"},
       {"cuda views", R::kCandidateSource, [](IndexerStep&, IndexerTopkArgs& a) {

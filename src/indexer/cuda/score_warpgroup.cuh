@@ -43,7 +43,6 @@ namespace dsv41kv::detail::cuda::wgscore {
 
 inline constexpr int kThreads = 512;                     // four warpgroups
 inline constexpr int kStageKeys = 64;                    // the m of one wgmma
-inline constexpr int kStages = 12;                       // ring slots: 12 x 8.4 KB in flight per SM
 inline constexpr int kSubKeys = 2048;                    // scores per token per hand-off
 inline constexpr int kStagesPerSub = kSubKeys / kStageKeys;
 inline constexpr int kCap = 4096;                        // a token's candidate buffer
@@ -58,7 +57,14 @@ static_assert(kSubKeys % kCandidateBlockSize == 0 && kCap >= kSubKeys + kIndexTo
 inline constexpr int kBarFull = 1, kBarEmpty = 3, kBarScorers = 5, kBarSelector = 6;
 inline constexpr int kHandOff = 3 * 128;  // threads of the scorers and the selector
 
+// Ring slots: 12 x 8.4 KB in flight per SM; a consumer's 8 leave room for its union.
+template <bool kCons>
+inline constexpr int kStagesOf = kCons ? 8 : 12;
+inline constexpr int kUnionMax = kTopkConsumerGroup * kCandidateTopkBlocks;  // a block's union blocks
+
+template <bool kCons>
 struct Smem {
+  static constexpr int kStages = kStagesOf<kCons>;
   uint8_t q[2][64 * 128];                      // B: 2 sub-tiles (dims 0..63, 64..127 in kdim order)
                                                // of 64 rows (token * 32 + head) x 64 f16, 128-B swizzled
   uint8_t codes[kStages][kStageKeys * kRowBytes];
@@ -69,26 +75,35 @@ struct Smem {
   float cand_key[kTokens][kCap];
   int32_t cand_entry[kTokens][kCap];
   int32_t window[4][kWindow];                  // per producer warp: block_table[req][wbase ..]
+  // a consumer's runs: the sorted union of each run's candidate rows (runs one after another) and
+  // the run's tokens holding each union block (bit tk)
+  int32_t ublk[kCons ? kUnionMax : 1];
+  uint8_t umask[kCons ? kUnionMax : 1];
+  int ulen[kTokens];
   SelectShared sel;
-  int scratch[4];
+  int scratch[16];
 };
-inline constexpr size_t kSmemBytes = sizeof(Smem) + 1024;  // + the alignment of q
-static_assert(kSmemBytes <= 227 * 1024, "the opt-in shared memory of one sm_90 block");
-static_assert(kStages % 4 == 0, "each producer warp owns kStages / 4 slots");
+template <bool kCons>
+inline constexpr size_t kSmemBytes = sizeof(Smem<kCons>) + 1024;  // + the alignment of q
+static_assert(kSmemBytes<false> <= 227 * 1024 && kSmemBytes<true> <= 227 * 1024,
+              "the opt-in shared memory of one sm_90 block");
+static_assert(kStagesOf<false> % 4 == 0 && kStagesOf<true> % 4 == 0, "each producer warp owns kStages / 4 slots");
+static_assert(2 * kTokens * kSubKeys >= 2 * kUnionMax, "the union's merge runs in the hand-off buffers");
 
 // The dim of k column k (0..15) of k-step s (0..7).
 __host__ __device__ constexpr int kdim(int s, int k) { return 32 * ((k % 8) / 2) + 4 * s + 2 * (k / 8) + k % 2; }
 
-// A run of the block: n consecutive valid tokens g0.. of one request and the entries it covers.
+// A run of the block: n consecutive valid tokens g0.. of one request and the positions [lo, hi)
+// it covers: entries (plain, source) or union positions (a consumer: position q is entry
+// 8 ublk[ubase + q / 8] + q % 8).
 struct Run {
-  int g0 = 0, n = 0;
+  int g0 = 0, n = 0, ubase = 0;
   int64_t req = 0, lo = 0, hi = 0;
   int64_t nc[kTokens] = {};
 };
 
-// The runs of group y's tokens for block column c (every thread computes the same).
-__device__ __forceinline__ int block_runs(const TopkParams& p, int64_t t0, int gn, int64_t nch, int64_t c,
-                                          Run (&runs)[kTokens]) {
+// The runs of group y's tokens (every thread computes the same).
+__device__ __forceinline__ int block_runs(const TopkParams& p, int64_t t0, int gn, Run (&runs)[kTokens]) {
   int nr = 0;
   for (int g = 0; g < gn; ++g) {
     const int64_t t = t0 + g;
@@ -104,18 +119,28 @@ __device__ __forceinline__ int block_runs(const TopkParams& p, int64_t t0, int g
     runs[nr].nc[0] = nc;
     ++nr;
   }
-  for (int r = 0; r < nr; ++r) {
-    int64_t limit = 0;
-    for (int i = 0; i < runs[r].n; ++i) limit = runs[r].nc[i] > limit ? runs[r].nc[i] : limit;
-    const int64_t cap = p.chunks * kTopkChunk;  // the workspace's entries (>= the block table's)
-    limit = limit < cap ? limit : cap;
-    const int64_t per = (limit + nch - 1) / nch;
-    const int64_t L = (per + kSubKeys - 1) / kSubKeys * kSubKeys;
-    const int64_t lo = c * L < limit ? c * L : limit;
-    runs[r].lo = lo;
-    runs[r].hi = lo + L < limit ? lo + L : limit;
-  }
   return nr;
+}
+
+// Run r's positions [0, limit) split into nch ranges of L = roundup(ceil(limit / nch), 2048): block
+// column c's.
+__device__ __forceinline__ void run_range(Run& run, int64_t limit, int64_t nch, int64_t c) {
+  const int64_t per = (limit + nch - 1) / nch;
+  const int64_t L = (per + kSubKeys - 1) / kSubKeys * kSubKeys;
+  const int64_t lo = c * L < limit ? c * L : limit;
+  run.lo = lo;
+  run.hi = lo + L < limit ? lo + L : limit;
+}
+
+// The first index of a strictly ascending row of n values with row[i] >= v.
+__device__ __forceinline__ int lower_bound(const int32_t* row, int n, int32_t v) {
+  int lo = 0, hi = n;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (row[mid] < v) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -131,13 +156,16 @@ __device__ __forceinline__ void named_arrive(int id, int count) {
 // one warp alone cannot issue a stage every ~500 clocks (the H200's bandwidth per SM at one block
 // per SM), four interleaved ones can. Lane j handles page run j of a stage (closed form from the
 // stage's first state: no division per run), so a stage costs one pass whatever S.
-__device__ __forceinline__ void produce(const TopkParams& p, Smem& sm, const Run* runs, int nr, int pw) {
+template <bool kCons>
+__device__ __forceinline__ void produce(const TopkParams& p, Smem<kCons>& sm, const Run* runs, int nr, int pw) {
+  constexpr int kStages = Smem<kCons>::kStages;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t S = static_cast<uint32_t>(p.S);  // S, entries < 2^31 (the plan's bounds)
   int32_t* window = sm.window[pw];
   uint32_t gi = 0;  // stage counter of the block (ring slot and phase)
   for (int r = 0; r < nr; ++r) {
     const int64_t lo = runs[r].lo, hi = runs[r].hi, req = runs[r].req;
+    const int ubase = runs[r].ubase;
     const int32_t* bt_row = p.bt + req * p.bt_stride;
     int64_t wbase = -int64_t{kWindow} - 1;
     const uint32_t nst = static_cast<uint32_t>((hi - lo + kStageKeys - 1) / kStageKeys);
@@ -146,23 +174,39 @@ __device__ __forceinline__ void produce(const TopkParams& p, Smem& sm, const Run
       const int slot = static_cast<int>(gs % kStages);
       const int64_t k0 = lo + int64_t{li} * kStageKeys;
       const int n = static_cast<int>(hi - k0 < kStageKeys ? hi - k0 : kStageKeys);
-      const uint32_t e0 = static_cast<uint32_t>(k0), pj0 = e0 / S, s0 = e0 - pj0 * S;
-      const int first = static_cast<int>(S - s0 < static_cast<uint32_t>(n) ? S - s0 : static_cast<uint32_t>(n));
-      // page run `lane`: states [s, s + len) of page pj0 + lane at stage row off
-      const int64_t off64 = lane == 0 ? 0 : first + int64_t{lane - 1} * S;
-      const bool active = off64 < n;
-      const int off = active ? static_cast<int>(off64) : 0;
-      const int len = !active ? 0 : lane == 0 ? first : (n - off < static_cast<int>(S) ? n - off : static_cast<int>(S));
-      const uint32_t s = lane == 0 ? s0 : 0u;
-      const int64_t pj = int64_t{pj0} + lane;
-      const int runs_n = __popc(__ballot_sync(0xffffffffu, active));
-      if (int64_t{pj0} < wbase || int64_t{pj0} + runs_n - 1 >= wbase + kWindow) {  // the stage's pages
-        __syncwarp();
-        wbase = pj0;
-        for (int l = lane; l < kWindow; l += 32) window[l] = wbase + l < p.bt_cols ? bt_row[wbase + l] : -1;
-        __syncwarp();
+      bool active;
+      int off, len;
+      uint32_t s;
+      int64_t page;
+      if constexpr (kCons) {
+        // lane j < 8: union block (k0 / 8) + j, 8 states of one page (S % 8 == 0), at stage row 8 j;
+        // ranges and positions are multiples of 8
+        active = lane < n / kCandidateBlockSize;
+        off = kCandidateBlockSize * lane;
+        len = active ? kCandidateBlockSize : 0;
+        const uint32_t e = active ? static_cast<uint32_t>(sm.ublk[ubase + k0 / kCandidateBlockSize + lane]) * 8u : 0u;
+        const uint32_t pj = e / S;
+        s = e - pj * S;
+        page = active && pj < p.bt_cols ? bt_row[pj] : -1;
+      } else {
+        const uint32_t e0 = static_cast<uint32_t>(k0), pj0 = e0 / S, s0 = e0 - pj0 * S;
+        const int first = static_cast<int>(S - s0 < static_cast<uint32_t>(n) ? S - s0 : static_cast<uint32_t>(n));
+        // page run `lane`: states [s, s + len) of page pj0 + lane at stage row off
+        const int64_t off64 = lane == 0 ? 0 : first + int64_t{lane - 1} * S;
+        active = off64 < n;
+        off = active ? static_cast<int>(off64) : 0;
+        len = !active ? 0 : lane == 0 ? first : (n - off < static_cast<int>(S) ? n - off : static_cast<int>(S));
+        s = lane == 0 ? s0 : 0u;
+        const int64_t pj = int64_t{pj0} + lane;
+        const int runs_n = __popc(__ballot_sync(0xffffffffu, active));
+        if (int64_t{pj0} < wbase || int64_t{pj0} + runs_n - 1 >= wbase + kWindow) {  // the stage's pages
+          __syncwarp();
+          wbase = pj0;
+          for (int l = lane; l < kWindow; l += 32) window[l] = wbase + l < p.bt_cols ? bt_row[wbase + l] : -1;
+          __syncwarp();
+        }
+        page = active ? window[pj - wbase] : -1;
       }
-      const int64_t page = active ? window[pj - wbase] : -1;
       const bool ok = active && page >= 0 && page < p.num_pages;
       const uint32_t scale_bytes = static_cast<uint32_t>((len + 3) / 4 * 16);  // s, off: multiples of 4
       const uint32_t bytes = __reduce_add_sync(0xffffffffu, ok ? static_cast<uint32_t>(len * kRowBytes) + scale_bytes : 0u);
@@ -191,7 +235,8 @@ __device__ __forceinline__ void produce(const TopkParams& p, Smem& sm, const Run
 
 // The run's queries as B (kdim order, 128-B swizzled; rows of an absent second token zero), by
 // the 256 scorer threads (rank 0..255).
-__device__ __forceinline__ void load_queries(const TopkParams& p, Smem& sm, int64_t t_first, int ntok, int rank) {
+template <bool kCons>
+__device__ __forceinline__ void load_queries(const TopkParams& p, Smem<kCons>& sm, int64_t t_first, int ntok, int rank) {
   for (int i = rank; i < 64 * 16; i += 256) {  // 16-byte chunk cc (8 k columns) of row n
     const int n = i / 16, cc = i % 16, tk = n / 32, h = n % 32, s = (cc % 8) / 2, k8 = 8 * (cc % 2);
     uint32_t v[4] = {0, 0, 0, 0};
@@ -208,7 +253,9 @@ __device__ __forceinline__ void load_queries(const TopkParams& p, Smem& sm, int6
 
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 
-__device__ __forceinline__ void score(const TopkParams& p, Smem& sm, const Run* runs, int nr, int64_t t0, int cw) {
+template <bool kCons>
+__device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, const Run* runs, int nr, int64_t t0, int cw) {
+  constexpr int kStages = Smem<kCons>::kStages;
   const int rank = static_cast<int>(threadIdx.x) - 128;  // 0..255 over both scorers
   const int wtid = rank % 128, warp = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
@@ -285,8 +332,15 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem& sm, const Run* 
         const float k1 = (b0 ? v[3] : v[2]) + __shfl_xor_sync(0xffffffffu, b0 ? v[2] : v[3], 1);
         const float sum = (b1 ? k1 : k0) + __shfl_xor_sync(0xffffffffu, b1 ? k0 : k1, 2);
         const int tk = b1, row = b0 ? r1 : r0;
-        const int64_t entry = run.lo + int64_t{li} * kStageKeys + row;
-        const bool ok = ((mask >> row) & 1) && entry < (tk ? nc1 : nc0);
+        const int64_t pos = run.lo + int64_t{li} * kStageKeys + row;
+        bool ok = (mask >> row) & 1;
+        int64_t entry = pos;
+        if constexpr (kCons) {  // the union position's entry, scored for the tokens whose row holds its block
+          const int u = run.ubase + static_cast<int>(pos / kCandidateBlockSize);
+          entry = int64_t{sm.ublk[u]} * kCandidateBlockSize + pos % kCandidateBlockSize;
+          ok = ok && ((sm.umask[u] >> tk) & 1);
+        }
+        ok = ok && entry < (tk ? nc1 : nc0);
         sm.sbuf[gm % 2][tk][(li % kStagesPerSub) * kStageKeys + row] = ok ? sum * (b0 ? sk1 : sk0) : kTopkNegInf;
       }
       named_arrive(kBarFull + gm % 2, kHandOff);
@@ -297,7 +351,9 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem& sm, const Run* 
 
 // ---------------------------------------------------------------- selector (warpgroup 3)
 
-__device__ __forceinline__ void select(const TopkParams& p, Smem& sm, const Run* runs, int nr, int64_t t0, int64_t c) {
+template <bool kCons>
+__device__ __forceinline__ void select(const TopkParams& p, Smem<kCons>& sm, const Run* runs, int nr, int64_t t0,
+                                       int64_t c) {
   const int rank = static_cast<int>(threadIdx.x) - 384;
   const ThreadGroup<128> grp{rank, kBarSelector, sm.scratch};
   int total_subs = 0;
@@ -331,12 +387,21 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem& sm, const Run*
 #pragma unroll
         for (int i = 0; i < kPer; ++i)
           if (kPer * rank + i >= nk) x[i] = kTopkNegInf;  // past the run (stale hand-off)
-        const int64_t j0 = k0 + kPer * rank;
+        const int64_t j0 = k0 + kPer * rank;  // this thread's first position
+        // the entry of position j0 + i: itself, or a consumer's union block's
+        int64_t eb[2] = {j0, j0 + kCandidateBlockSize};
+        if constexpr (kCons)
+          for (int b = 0; b < 2; ++b) {
+            const int64_t u = run.ubase + (j0 + b * kCandidateBlockSize) / kCandidateBlockSize;
+            eb[b] = kPer * rank + b * kCandidateBlockSize < nk ? int64_t{sm.ublk[u]} * kCandidateBlockSize : 0;
+          }
         if (p.scores != nullptr)
 #pragma unroll
-          for (int i = 0; i < kPer; ++i)
-            if (kPer * rank + i < nk && j0 + i < p.scores_cols) p.scores[tok * p.scores_stride + j0 + i] = x[i];
-        if (p.role == IndexerRole::kCandidateSource)
+          for (int i = 0; i < kPer; ++i) {
+            const int64_t e = eb[i / kCandidateBlockSize] + i % kCandidateBlockSize;
+            if (kPer * rank + i < nk && e < p.scores_cols) p.scores[tok * p.scores_stride + e] = x[i];
+          }
+        if (!kCons && p.role == IndexerRole::kCandidateSource)
 #pragma unroll
           for (int b = 0; b < 2; ++b)
             if (kPer * rank + b * kCandidateBlockSize < nk) {
@@ -361,7 +426,7 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem& sm, const Run*
         for (int i = 0; i < kPer; ++i)
           if ((pass >> i) & 1) {
             sm.cand_key[tk][at] = x[i];
-            sm.cand_entry[tk][at] = static_cast<int32_t>(j0 + i);
+            sm.cand_entry[tk][at] = static_cast<int32_t>(eb[i / kCandidateBlockSize] + i % kCandidateBlockSize);
             ++at;
           }
         cnt[tk] += added;
@@ -402,16 +467,86 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem& sm, const Run*
 }
 #endif
 
-// nch blocks per group of p.group <= 2 tokens; kSmemBytes of dynamic shared memory.
+// A consumer's unions, by the whole block before the roles part: for each run, the sorted union of
+// its tokens' candidate rows (strictly ascending prefixes, then -1; SPEC 8.7) into sm.ublk from
+// run.ubase, with the bit set of the tokens holding each block; returns nothing, sets ubase and
+// the run's positions [lo, hi) of block column c. The rows are staged in the candidate buffers
+// and merged in the hand-off buffers (both unused until the roles start): row A's element i goes
+// to i + #(B < a), row B's element j to j + #(A <= b) (A first on ties, the tie's B copy dropped),
+// then one block scan compacts the merge.
+__device__ __forceinline__ void build_unions(const TopkParams& p, Smem<true>& sm, int64_t t0, Run* runs, int nr,
+                                             int64_t nch, int64_t c) {
+  constexpr int W = kCandidateTopkBlocks;
+  const int tid = static_cast<int>(threadIdx.x);
+  const ThreadGroup<kThreads> grp{tid, 0, sm.scratch};
+  int32_t* rows = sm.cand_entry[0];  // [2][W]
+  int32_t* merged = reinterpret_cast<int32_t*>(&sm.sbuf[0][0][0]);
+  int32_t* flag = merged + kUnionMax;  // bit 0: in row A, bit 1: in row B; 0: a dropped tie
+  int base = 0;
+  for (int r = 0; r < nr; ++r) {
+    const int n = runs[r].n;
+    for (int i = tid; i < n * W; i += kThreads) rows[i] = p.cand[(t0 + runs[r].g0 + i / W) * p.cand_stride + i % W];
+    for (int i = tid; i < kUnionMax; i += kThreads) flag[i] = 0;
+    __syncthreads();
+    if (tid < n) {  // the non-negative prefix of each row
+      const int32_t* row = rows + tid * W;
+      int lo = 0, hi = W;
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (row[mid] >= 0) lo = mid + 1;
+        else hi = mid;
+      }
+      sm.ulen[tid] = lo;
+    }
+    __syncthreads();
+    const int la = sm.ulen[0], lb = n > 1 ? sm.ulen[1] : 0;
+    const int32_t *A = rows, *B = rows + W;
+    for (int i = tid; i < la; i += kThreads) {
+      const int32_t a = A[i];
+      const int rb = lower_bound(B, lb, a);
+      merged[i + rb] = a;
+      flag[i + rb] = 1 | (rb < lb && B[rb] == a ? 2 : 0);
+    }
+    for (int j = tid; j < lb; j += kThreads) {
+      const int32_t b = B[j];
+      const int ra = lower_bound(A, la, b);
+      const bool tie = ra < la && A[ra] == b;
+      if (!tie) {
+        merged[j + ra] = b;
+        flag[j + ra] = 2;
+      }
+    }
+    __syncthreads();
+    constexpr int kPer = kUnionMax / kThreads;
+    int mine = 0;
+    for (int k = 0; k < kPer; ++k) mine += flag[tid * kPer + k] != 0;
+    int total;
+    int at = base + grp.exclusive_sum(mine, total);
+    for (int k = 0; k < kPer; ++k) {
+      const int i = tid * kPer + k;
+      if (flag[i] == 0) continue;
+      sm.ublk[at] = merged[i];
+      sm.umask[at] = static_cast<uint8_t>(flag[i]);
+      ++at;
+    }
+    runs[r].ubase = base;
+    run_range(runs[r], int64_t{total} * kCandidateBlockSize, nch, c);
+    base += total;
+    __syncthreads();  // the staging is reused by the next run
+  }
+}
+
+// nch blocks per group of p.group <= 2 tokens; kSmemBytes<kCons> of dynamic shared memory.
+template <bool kCons>
 __global__ void __launch_bounds__(kThreads, 1) score_warpgroup_kernel(const TopkParams p, int64_t nch) {
 #if defined(DSV41KV_WGMMA)
   extern __shared__ uint8_t smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  auto& sm = *reinterpret_cast<Smem<kCons>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t c = blockIdx.x, t0 = static_cast<int64_t>(blockIdx.y) * p.group;
   const int gn = static_cast<int>(p.T - t0 < p.group ? p.T - t0 : p.group);
   if (tid == 0) {
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < Smem<kCons>::kStages; ++s) {
       mbarrier_init(smem_addr(&sm.full[s]));
       mbarrier_init_count(smem_addr(&sm.empty[s]), 128);
     }
@@ -419,7 +554,17 @@ __global__ void __launch_bounds__(kThreads, 1) score_warpgroup_kernel(const Topk
   }
   __syncthreads();
   Run runs[kTokens];
-  const int nr = block_runs(p, t0, gn, nch, c, runs);
+  const int nr = block_runs(p, t0, gn, runs);
+  if constexpr (kCons) {
+    build_unions(p, sm, t0, runs, nr, nch, c);
+  } else {
+    for (int r = 0; r < nr; ++r) {
+      int64_t limit = 0;
+      for (int i = 0; i < runs[r].n; ++i) limit = runs[r].nc[i] > limit ? runs[r].nc[i] : limit;
+      const int64_t cap = p.chunks * kTopkChunk;  // the workspace's entries (>= the block table's)
+      run_range(runs[r], limit < cap ? limit : cap, nch, c);
+    }
+  }
   const int wg = tid / 128;
   if (wg == 0) {
     produce(p, sm, runs, nr, tid / 32);

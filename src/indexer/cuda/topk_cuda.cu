@@ -515,11 +515,10 @@ void indexer_topk(const IndexerTopkArgs& a, const IndexerTopkPlan& p, const Exec
     const int64_t groups = (p.T + k.group - 1) / k.group;
     const int64_t nch = std::clamp<int64_t>((sm_count() + groups - 1) / groups, 1, p.ws_chunks);
     k.slots = nch;
-    auto* kernel = wgscore::score_warpgroup_kernel;
-    DSV41KV_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(wgscore::kSmemBytes)));
-    kernel<<<dim3(static_cast<unsigned>(nch), static_cast<unsigned>(groups)), wgscore::kThreads, wgscore::kSmemBytes, s>>>(
-        k, nch);
+    auto* kernel = consumer ? wgscore::score_warpgroup_kernel<true> : wgscore::score_warpgroup_kernel<false>;
+    const size_t smem = consumer ? wgscore::kSmemBytes<true> : wgscore::kSmemBytes<false>;
+    DSV41KV_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    kernel<<<dim3(static_cast<unsigned>(nch), static_cast<unsigned>(groups)), wgscore::kThreads, smem, s>>>(k, nch);
     DSV41KV_CUDA_CHECK_LAUNCH("score_warpgroup_kernel");
     launch_kernel(select_kernel, dim3(static_cast<unsigned>(p.T)), dim3(kThreads), s, ctx.programmatic_launch, k);
     return;

@@ -49,11 +49,11 @@ __device__ __forceinline__ int64_t token_nc(const TopkParams& p, int64_t t) {
   return token_valid(p, t) ? closed_groups(p.pos[t] + 1, int64_t{p.ratio}) : 0;
 }
 // The chunks of token t's workspace row that the scoring kernel fills (and the select reads).
-// A consumer's: those of its run's candidate union, left by the scoring kernel.
+// A consumer's (chunk kernel): those of its run's candidate union, left by the scoring kernel.
 __device__ __forceinline__ int64_t token_chunks(const TopkParams& p, int64_t t) {
   if (!token_valid(p, t)) return 0;
-  if (p.role == IndexerRole::kCandidateConsumer) return p.ws_nchunks[t];
   if (p.slots > 0) return p.slots;
+  if (p.role == IndexerRole::kCandidateConsumer) return p.ws_nchunks[t];
   const int64_t c = (token_nc(p, t) + kTopkChunk - 1) / kTopkChunk;
   return c < p.chunks ? c : p.chunks;
 }
