@@ -371,32 +371,41 @@ TEST_F(IndexerGpu, TopkMatchesCpuEveryRole) {
 
 // Ties at the selection boundary: every key of the request the same record, so every visible
 // score is the same value on each backend, and SPEC 8.5's rule takes the lowest entries (and
-// 8.7's the lowest blocks besides the newest): the rows must equal the CPU's exactly.
+// 8.7's the lowest blocks besides the newest): the rows must equal the CPU's exactly. Two shapes:
+// few groups (many blocks per request, one hand-off each) and more groups than SMs (one block per
+// request through several hand-offs, where the running top 512 is pruned among equal keys).
 TEST_F(IndexerGpu, TopkTiesTakeTheLowestEntries) {
-  IndexerStep s = make_step(rng(), 1, {{20000, 2}, {700, 1}}, 64, {}, 0);
-  const uint8_t* first = s.kcache.data() + int64_t{s.bt[0]} * s.page_stride;
-  std::vector<uint8_t> rec(first, first + kIndexHeadDim);
-  float sc0;
-  std::memcpy(&sc0, first + IndexerKFp8Layout::scale_offset(s.S, 0), 4);
-  for (int64_t p = 0; p < s.num_pages; ++p) {
-    uint8_t* page = s.kcache.data() + p * s.page_stride;
-    for (int64_t r = 0; r < s.S; ++r) {
-      std::memcpy(page + r * kIndexHeadDim, rec.data(), kIndexHeadDim);
-      std::memcpy(page + IndexerKFp8Layout::scale_offset(s.S, r), &sc0, 4);
+  std::vector<RequestSpec> many;
+  for (int b = 0; b < 140; ++b) many.push_back({9000 + b, 2});
+  for (const std::vector<RequestSpec>& reqs : {std::vector<RequestSpec>{{20000, 2}, {700, 1}}, many}) {
+    IndexerStep s = make_step(rng(), 1, reqs, 64, {}, 0);
+    const uint8_t* first = s.kcache.data() + int64_t{s.bt[0]} * s.page_stride;
+    std::vector<uint8_t> rec(first, first + kIndexHeadDim);
+    float sc0;
+    std::memcpy(&sc0, first + IndexerKFp8Layout::scale_offset(s.S, 0), 4);
+    for (int64_t p = 0; p < s.num_pages; ++p) {
+      uint8_t* page = s.kcache.data() + p * s.page_stride;
+      for (int64_t r = 0; r < s.S; ++r) {
+        std::memcpy(page + r * kIndexHeadDim, rec.data(), kIndexHeadDim);
+        std::memcpy(page + IndexerKFp8Layout::scale_offset(s.S, r), &sc0, 4);
+      }
+    }
+    for (auto& x : s.w) x = std::fabs(x) + 1e-3f;  // a positive score unless every D is <= 0
+    for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource}) {
+      IndexerStep h = s;
+      indexer_topk(h.args(role));
+      for (int kernel : {1, 2}) {
+        const std::string what = std::string(role_tag(role)) + " " + std::to_string(reqs.size()) +
+                                 " requests kernel " + std::to_string(kernel);
+        IndexerStep g = s;
+        DeviceStep d(g, role);
+        indexer_topk(d.args(g, role, false, 0, 0, kernel));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), what + ": tied topk"));
+        EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), what + ": tied candidates"));
+      }
     }
   }
-  for (auto& x : s.w) x = std::fabs(x) + 1e-3f;  // a positive score unless every D is <= 0
-  for (IndexerRole role : {IndexerRole::kPlain, IndexerRole::kCandidateSource})
-    for (int kernel : {1, 2}) {
-      const std::string what = std::string(role_tag(role)) + " kernel " + std::to_string(kernel);
-      IndexerStep h = s;
-      DeviceStep d(h, role);
-      indexer_topk(h.args(role));
-      indexer_topk(d.args(h, role, false, 0, 0, kernel));
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      EXPECT_TRUE(bits_equal(h.topk.vec(), d.topk.download(), what + ": tied topk"));
-      EXPECT_TRUE(bits_equal(h.cand.vec(), d.cand.download(), what + ": tied candidates"));
-    }
 }
 
 // A request of 256K entries (ratio 1 and 2): 64 chunks of the workspace, 2 decode tokens and, for

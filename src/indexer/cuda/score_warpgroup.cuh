@@ -52,10 +52,10 @@ inline constexpr int kRowBytes = kIndexHeadDim;          // e4m3 codes of one ke
 static_assert(kIndexHeads == 32 && kIndexHeadDim == 128, "the fragment mapping");
 static_assert(kSubKeys % kCandidateBlockSize == 0 && kCap >= kSubKeys + kIndexTopk);
 
-// Named barriers (0 is __syncthreads): hand-off full[b] and empty[b] (scorers + selector), the
-// scorers' query reload, the selector's own group.
-inline constexpr int kBarFull = 1, kBarEmpty = 3, kBarScorers = 5, kBarSelector = 6;
-inline constexpr int kHandOff = 3 * 128;  // threads of the scorers and the selector
+// Named barriers (0 is __syncthreads): the scorers' query reload, the selector's own group. The
+// hand-off goes through mbarriers (hfull: 256 scorer arrivals, hempty: 128 selector arrivals),
+// each thread releasing its own accesses.
+inline constexpr int kBarScorers = 5, kBarSelector = 6;
 
 // Ring slots: 12 x 8.4 KB in flight per SM; a consumer's 8 leave room for its union.
 template <bool kCons>
@@ -71,6 +71,7 @@ struct Smem {
   float scale[kStages][kStageKeys];
   uint64_t mask[kStages];                      // rows of the slot read from a page of the cache
   uint64_t full[kStages], empty[kStages];      // mbarriers
+  uint64_t hfull[2], hempty[2];                // the hand-off's mbarriers
   float sbuf[2][kTokens][kSubKeys];            // the hand-off
   float cand_key[kTokens][kCap];
   int32_t cand_entry[kTokens][kCap];
@@ -251,7 +252,13 @@ __device__ __forceinline__ void load_queries(const TopkParams& p, Smem<kCons>& s
   }
 }
 
-__device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
+// max(0, x) that keeps a NaN (the CPU's D < 0 ? 0 : D; a -0 may come out as +0, the same score):
+// one instruction.
+__device__ __forceinline__ float relu_keep_nan(float x) {
+  float r;
+  asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 template <bool kCons>
 __device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, const Run* runs, int nr, int64_t t0, int cw) {
@@ -260,7 +267,9 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, cons
   const int wtid = rank % 128, warp = wtid / 32, lane = wtid % 32, g = lane / 4, t = lane % 4;
   const int r0 = 16 * warp + g, r1 = r0 + 8;
   const int swap = g & 1;  // odd rows read their second 16 bytes first: conflict-free quarter warps
-  const uint32_t qa = smem_addr(&sm.q[0][0]);
+  // step s's B descriptor: the start address field (bits 0..13, 16-byte units) plus the step's
+  // offset; q lies below 256 KiB, so the field never carries
+  const uint64_t desc0 = sw128_desc(smem_addr(&sm.q[0][0]), 16, 1024);
   uint32_t gi = 0;
   int gm = 0;
   float acc[32];
@@ -283,7 +292,8 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, cons
     const int nst = static_cast<int>((run.hi - run.lo + kStageKeys - 1) / kStageKeys);
     const int subs = (nst + kStagesPerSub - 1) / kStagesPerSub;
     for (int m = 0; m < subs; ++m, ++gm) {
-      if (gm >= 2) named_sync(kBarEmpty + gm % 2, kHandOff);
+      // hempty[b]'s k-th phase: the selector has read hand-off 2 k + b
+      if (gm >= 2) mbarrier_wait_parity(smem_addr(&sm.hempty[gm % 2]), static_cast<uint32_t>(gm / 2 - 1) & 1);
       const int end = (m + 1) * kStagesPerSub < nst ? (m + 1) * kStagesPerSub : nst;
       for (int li = m * kStagesPerSub + cw; li < end; li += 2) {
         const uint32_t gs = gi + static_cast<uint32_t>(li);
@@ -310,7 +320,7 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, cons
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < 8; ++s)
-          wgmma_m64n64k16_rs_f16(acc, a[s], sw128_desc(qa + (s / 4) * 8192 + (s % 4) * 32, 16, 1024), s > 0);
+          wgmma_m64n64k16_rs_f16(acc, a[s], desc0 + static_cast<uint64_t>(((s / 4) * 8192 + (s % 4) * 32) >> 4), s > 0);
         wgmma_commit();
         wgmma_wait<0>();
         wgmma_fence_operands(acc);
@@ -343,7 +353,7 @@ __device__ __forceinline__ void score(const TopkParams& p, Smem<kCons>& sm, cons
         ok = ok && entry < (tk ? nc1 : nc0);
         sm.sbuf[gm % 2][tk][(li % kStagesPerSub) * kStageKeys + row] = ok ? sum * (b0 ? sk1 : sk0) : kTopkNegInf;
       }
-      named_arrive(kBarFull + gm % 2, kHandOff);
+      mbarrier_arrive(smem_addr(&sm.hfull[gm % 2]));
     }
     gi += static_cast<uint32_t>(nst);
   }
@@ -356,11 +366,6 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem<kCons>& sm, con
                                        int64_t c) {
   const int rank = static_cast<int>(threadIdx.x) - 384;
   const ThreadGroup<128> grp{rank, kBarSelector, sm.scratch};
-  int total_subs = 0;
-  for (int r = 0; r < nr; ++r) {
-    const int nst = static_cast<int>((runs[r].hi - runs[r].lo + kStageKeys - 1) / kStageKeys);
-    total_subs += (nst + kStagesPerSub - 1) / kStagesPerSub;
-  }
   int gm = 0;
   for (int r = 0; r < nr; ++r) {
     const Run& run = runs[r];
@@ -369,7 +374,7 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem<kCons>& sm, con
     const int nst = static_cast<int>((run.hi - run.lo + kStageKeys - 1) / kStageKeys);
     const int subs = (nst + kStagesPerSub - 1) / kStagesPerSub;
     for (int m = 0; m < subs; ++m, ++gm) {
-      named_sync(kBarFull + gm % 2, kHandOff);
+      mbarrier_wait_parity(smem_addr(&sm.hfull[gm % 2]), static_cast<uint32_t>(gm / 2) & 1);
       const int64_t k0 = run.lo + int64_t{m} * kSubKeys;
       const int nk = static_cast<int>(run.hi - k0 < kSubKeys ? run.hi - k0 : kSubKeys);
       for (int tk = 0; tk < run.n; ++tk) {
@@ -430,22 +435,27 @@ __device__ __forceinline__ void select(const TopkParams& p, Smem<kCons>& sm, con
             ++at;
           }
         cnt[tk] += added;
-        if (cnt[tk] > kCap - kSubKeys) {  // keep the top 512 before the next hand-off could overflow
+        if (cnt[tk] > kCap - kSubKeys) {  // make room before the next hand-off could overflow
           grp.sync();
           float* ck = sm.cand_key[tk];
           int32_t* ce = sm.cand_entry[tk];
-          const SelectResult res = select_top(
-              grp, sm.sel, cnt[tk], kIndexTopk, true, [&](int64_t i) { return ScoredEntry{ck[i], ce[i]}; },
-              [&](int j, ScoredEntry e) {
-                ck[j] = e.key;
-                ce[j] = e.entry;
-              },
-              [](int) {});
-          cnt[tk] = res.k;
-          if (!res.all) theta[tk] = res.boundary;
+          const auto load = [&](int64_t i) { return ScoredEntry{ck[i], ce[i]}; };
+          const auto store = [&](int j, ScoredEntry e) {
+            ck[j] = e.key;
+            ce[j] = e.entry;
+          };
+          // usually enough: the items at or above the top 512's leading digits
+          const PruneResult pr = prune_top(grp, sm.sel, cnt[tk], kIndexTopk, load, store);
+          cnt[tk] = pr.kept;
+          if (pr.bound > 0) theta[tk] = pr.bound - 1;  // key > theta: key >= bound
+          if (cnt[tk] > kCap - kSubKeys) {  // ties at the last digit: the exact top 512
+            const SelectResult res = select_top(grp, sm.sel, cnt[tk], kIndexTopk, true, load, store, [](int) {});
+            cnt[tk] = res.k;
+            if (!res.all) theta[tk] = res.boundary;
+          }
         }
       }
-      if (gm + 2 < total_subs) named_arrive(kBarEmpty + gm % 2, kHandOff);  // the hand-off is read
+      mbarrier_arrive(smem_addr(&sm.hempty[gm % 2]));  // the hand-off is read
     }
     for (int tk = 0; tk < run.n; ++tk) {  // the block's workspace row c of each token
       const int64_t row = (t0 + run.g0 + tk) * p.chunks * kIndexTopk + c * kIndexTopk;
@@ -549,6 +559,10 @@ __global__ void __launch_bounds__(kThreads, 1) score_warpgroup_kernel(const Topk
     for (int s = 0; s < Smem<kCons>::kStages; ++s) {
       mbarrier_init(smem_addr(&sm.full[s]));
       mbarrier_init_count(smem_addr(&sm.empty[s]), 128);
+    }
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init_count(smem_addr(&sm.hfull[b]), 256);
+      mbarrier_init_count(smem_addr(&sm.hempty[b]), 128);
     }
     mbarrier_init_fence();
   }

@@ -69,6 +69,7 @@ struct SelectShared {
   int hist[256];
   uint32_t prefix;
   int remaining;
+  int above, count;  // prune_top: the keys in larger digits and in the chosen digit
 };
 
 // An item of a selection: the ranked float and the entry (or block) it stands for.
@@ -173,6 +174,85 @@ __device__ SelectResult select_top(const ThreadGroup<NT>& grp, SelectShared& sh,
   for (int j = taken + tid; j < K; j += NT) pad(j);
   grp.sync();  // the group's shared state is reused by the next call
   return {k, all, prefix};
+}
+
+// What prune_top kept: `kept` items, every one with an order key >= `bound` (0: all kept).
+struct PruneResult {
+  int kept;
+  uint32_t bound;
+};
+
+// A cheaper step than select_top for a running top-K of finite keys: keeps, in place and in
+// position order, every item whose order key is >= a bound that at least min(K, n) items reach
+// (the bound is the lowest key with the 8-bit digit prefix of the K-th ranked key, taken at the
+// first digit where at most 2K items reach it), so the top K are among the kept; a later item
+// belongs to the top K only if its key is >= bound too (with ties by position, only if > the K-th
+// key, which is >= bound). Usually one or two histogram passes instead of four, and no tie
+// handling; ties at the last digit can keep more than 2K (the caller falls back on select_top).
+// Items must be finite (the caller's buffer holds only such). Every rank of the group calls.
+template <int NT, class Load, class Store>
+__device__ PruneResult prune_top(const ThreadGroup<NT>& grp, SelectShared& sh, int n, int K, Load load, Store store) {
+  constexpr int kBins = 256 / NT > 0 ? 256 / NT : 1;
+  const int tid = grp.rank;
+  if (n <= 2 * K) return {n, 0u};
+  uint32_t prefix = 0, mask = 0;
+  int remaining = K, above_all = 0, kept = n;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = tid; b < 256; b += NT) sh.hist[b] = 0;
+    grp.sync();
+    for (int i = tid; i < n; i += NT) {
+      const uint32_t u = order_key(load(i).key);
+      if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1);
+    }
+    grp.sync();
+    {
+      int h[kBins], local = 0;
+#pragma unroll
+      for (int b = 0; b < kBins; ++b) {
+        const int d = 255 - (tid * kBins + b);
+        h[b] = d >= 0 ? sh.hist[d] : 0;
+        local += h[b];
+      }
+      int total;
+      int above = grp.exclusive_sum(local, total);
+#pragma unroll
+      for (int b = 0; b < kBins; ++b) {
+        const int d = 255 - (tid * kBins + b);
+        if (d >= 0 && above < remaining && above + h[b] >= remaining) {
+          sh.prefix = prefix | (static_cast<uint32_t>(d) << shift);
+          sh.remaining = remaining - above;
+          sh.above = above;
+          sh.count = h[b];
+        }
+        above += h[b];
+      }
+    }
+    grp.sync();
+    prefix = sh.prefix;
+    above_all += sh.above;  // keys in larger digits: above the bound whatever the later digits
+    kept = above_all + sh.count;
+    remaining = sh.remaining;
+    mask |= 255u << shift;
+    grp.sync();
+    if (kept <= 2 * K) break;
+  }
+  // ordered in-place compaction of the keys >= prefix (the masked digits' lowest key)
+  int at = 0;
+  for (int base = 0; base < n; base += NT) {
+    const int i = base + tid;
+    int take = 0;
+    decltype(load(0)) item{};
+    if (i < n) {
+      item = load(i);
+      take = order_key(item.key) >= prefix;
+    }
+    int n_taken;
+    const int j = at + grp.exclusive_sum(take, n_taken);
+    if (take) store(j, item);
+    at += n_taken;
+    grp.sync();
+  }
+  return {at, prefix};
 }
 
 }  // namespace dsv41kv::detail::cuda
