@@ -551,7 +551,9 @@ template <bool kCons>
 __global__ void __launch_bounds__(kThreads, 1) score_warpgroup_kernel(const TopkParams p, int64_t nch) {
 #if defined(DSV41KV_WGMMA)
   extern __shared__ uint8_t smem_raw[];
-  auto& sm = *reinterpret_cast<Smem<kCons>*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  // aligned by an offset from the array itself (not through an integer), so that every access
+  // stays a shared-memory one (LDS/STS, not generic loads)
+  auto& sm = *reinterpret_cast<Smem<kCons>*>(smem_raw + ((1024u - (smem_addr(smem_raw) & 1023u)) & 1023u));
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t c = blockIdx.x, t0 = static_cast<int64_t>(blockIdx.y) * p.group;
   const int gn = static_cast<int>(p.T - t0 < p.group ? p.T - t0 : p.group);
