@@ -179,6 +179,39 @@ TEST_F(AttentionGpu, DecodeSweepsHeadsQueriesSplitsAndTiles) {
       }
 }
 
+// Page strides that leave records, scales or rows short of 16-byte alignment: the 64-head
+// kernel's staged gather (cp.async chunks) must give way to the register reads for that cache
+// (an odd byte stride: every format byte by byte; 8 bytes: the 288 record's values), while the
+// other cache of the same call stays staged. Against the CPU backend.
+TEST_F(AttentionGpu, DecodeReadsPagesThatCannotBeStaged) {
+  struct Case {
+    RecordFormat swa, cmp;
+    int64_t swa_extra, cmp_extra;
+  };
+  for (const Case k : {Case{RecordFormat::V4_584, RecordFormat::NVFP4_288, 0, 8},
+                       Case{RecordFormat::MXFP8_528, RecordFormat::V4_584, 3, 0},
+                       Case{RecordFormat::PLAIN_FP8, RecordFormat::MXFP8_528, 0, 5}}) {
+    DecodeSpec s;
+    s.latent_sized = true;
+    s.H = 64;
+    s.s_q = 2;
+    s.ratio = 2;
+    s.T = 12;
+    s.swa_format = k.swa;
+    s.cmp_format = k.cmp;
+    s.swa_extra = k.swa_extra;
+    s.cmp_extra = k.cmp_extra;
+    DecodeCase c = DecodeCase::make(s, rng());
+    Outputs cpu(s.T, s.H);
+    sparse_decode(c.args(cpu));
+    const Expected e = expected_of(cpu);
+    c.plan_cuda(1, 64);
+    DeviceDecode d(c);
+    expect_agrees(d.run(c), e, "cuda vs cpu, extra strides " + std::to_string(k.swa_extra) + " / " +
+                                   std::to_string(k.cmp_extra) + " " + decode_name(c));
+  }
+}
+
 // The CUDA schedule itself: batch 128 and 256 of the V4.1-Flash shape need no split with 64-head
 // tiles; batch 2 fills the SMs with 16-head tiles and splits.
 TEST_F(AttentionGpu, DecodeScheduleFillsTheDevice) {

@@ -195,6 +195,19 @@ __global__ void e4m3_decode_kernel(unsigned long long* mismatches, uint32_t* fir
   }
 }
 
+// The pair form (e4m3x2_decode_finite) against the software decode of each byte, every pair of
+// finite bytes.
+__global__ void e4m3x2_decode_kernel(unsigned long long* mismatches, uint32_t* first) {
+  const uint32_t x = blockIdx.x * blockDim.x + threadIdx.x;
+  if (x > 0xFFFF || (x & 0x7F) == 0x7F || ((x >> 8) & 0x7F) == 0x7F) return;
+  const float2 f = e4m3x2_decode_finite(static_cast<uint16_t>(x));
+  if (num::f2u(f.x) != num::f2u(num::e4m3_decode(static_cast<uint8_t>(x & 0xFF))) ||
+      num::f2u(f.y) != num::f2u(num::e4m3_decode(static_cast<uint8_t>(x >> 8)))) {
+    atomicAdd(mismatches, 1ull);
+    atomicMin(first, x);
+  }
+}
+
 class FastNumericsGpu : public GpuTest {};
 
 TEST_F(FastNumericsGpu, HardwareE4m3EqualsSoftwareOnEveryFiniteFloat) {
@@ -210,6 +223,13 @@ TEST_F(FastNumericsGpu, HardwareE4m3DecodeEqualsSoftwareOnEveryFiniteByte) {
   ASSERT_NO_FATAL_FAILURE(
       run_sweep([](unsigned long long* cnt, uint32_t* first) { e4m3_decode_kernel<<<1, 256>>>(cnt, first); }, r));
   EXPECT_EQ(r.mismatches, 0ull) << "first mismatching byte 0x" << std::hex << r.first;
+}
+
+TEST_F(FastNumericsGpu, HardwareE4m3PairDecodeEqualsSoftwareOnEveryFinitePair) {
+  SweepResult r;
+  ASSERT_NO_FATAL_FAILURE(
+      run_sweep([](unsigned long long* cnt, uint32_t* first) { e4m3x2_decode_kernel<<<256, 256>>>(cnt, first); }, r));
+  EXPECT_EQ(r.mismatches, 0ull) << "first mismatching pair 0x" << std::hex << r.first;
 }
 
 TEST_F(FastNumericsGpu, E2m1PackedBf16DecisionsEqualScalarOnEveryPair) {

@@ -237,6 +237,25 @@ struct CacheSource {
             c ? cmp.fp8_scale : swa.fp8_scale, c ? cmp.aligned : swa.aligned};
   }
   __device__ int format(int src) const { return src == 0 ? cmp.format : swa.format; }
+  // Whether source `src`'s records can be staged by cp.async (sparse_mla_wgmma.cuh, staged::):
+  // values, scales and rows 16-byte aligned (the 584 record's 8 scale bytes: 8).
+  __device__ bool stageable(int src) const {
+    const KeySource c = source(src);
+    return c.aligned && (format(src) != kNv || c.page_stride % 16 == 0);
+  }
+  // The values (or plain row) and scales of valid key k.
+  __device__ void locate(KeyRef k, const uint8_t*& v, const uint8_t*& sc) const {
+    const KeySource c = source(k.src);
+    int64_t page, r;
+    divmod(static_cast<int64_t>(k.e), c.S, page, r);
+    const uint8_t* pg = c.base + page * c.page_stride;
+    switch (format(k.src)) {
+      case kV4: v = pg + V4Layout::value_offset(c.S, r), sc = pg + V4Layout::scale_offset(c.S, r); break;
+      case kMx: v = pg + Mxfp8Layout::value_offset(c.S, r), sc = pg + Mxfp8Layout::scale_offset(c.S, r); break;
+      case kNv: v = pg + Nvfp4Layout::value_offset(c.S, r), sc = pg + Nvfp4Layout::scale_offset(c.S, r); break;
+      default: v = pg + r * c.row_stride, sc = nullptr; break;
+    }
+  }
   // Part `seg` (0..3) of the L2 prefetch of key k's record (nothing for a masked key).
   __device__ void prefetch(KeyRef k, int seg) const {
     if (!valid(k)) return;
@@ -639,6 +658,10 @@ template <class Src>
 __global__ void sparse_mla_wg_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
 template <class Src>
 __global__ void sparse_mla_ws_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
+// The producer warps of sparse_mla_ws_kernel, their registers (setmaxnreg), and its block size
+// (the producers, then two consumer warpgroups).
+constexpr int kWsProducerWarps = 4, kWsProducerRegs = 72;
+constexpr int kWsThreads = 32 * kWsProducerWarps + 256;
 
 // The 64-head tile runs on warpgroup tensor cores (sparse_mla_wgmma.cuh): decode's records with a
 // producer warpgroup (Src::kProducerWarps: the dequantization is most of a block's CUDA-core work),
@@ -651,7 +674,7 @@ void launch_sparse_mla(const Heads& h, const Src& src, cudaStream_t st, bool pdl
     const int64_t ctas = h.T * h.head_groups * h.splits;
     launch_kernel_smem(kernel, dim3(static_cast<unsigned>(ctas)), dim3(threads), smem, st, pdl, h, src);
   };
-  if constexpr (HT == 64 && Src::kProducerWarps) launch(&sparse_mla_ws_kernel<Src>, WgSmem::alloc, 3 * 128);
+  if constexpr (HT == 64 && Src::kProducerWarps) launch(&sparse_mla_ws_kernel<Src>, WgSmem::alloc, kWsThreads);
   else if constexpr (HT == 64) launch(&sparse_mla_wg_kernel<Src>, WgSmem::alloc, kThreads);
   else launch(&sparse_mla_kernel<HT, Src>, Smem<HT>::bytes, kThreads);
 }

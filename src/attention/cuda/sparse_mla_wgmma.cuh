@@ -20,6 +20,7 @@
 #pragma once
 
 #include "attention/cuda/sparse_mla.cuh"
+#include "core/cuda/async_copy.cuh"
 #include "core/cuda/wgmma.cuh"
 
 namespace dsv41kv::detail::cuda::mla {
@@ -28,6 +29,259 @@ namespace dsv41kv::detail::cuda::mla {
 struct Sw128Tile {
   __device__ static uint32_t addr(uint32_t tile, int row, int chunk) { return tile + sw128_offset(kBlock, row, chunk); }
 };
+
+// ---- The staged gather of the producer warpgroup (sparse_mla_ws_kernel). A key's record bytes
+// are copied by cp.async into the key's own row of the free key tile, at chunk slots (16-byte
+// chunks of the row, Sw128Tile order) that its dequantization reads: 16 value bytes per lane at
+// slot `lane` (a 288 record: 8 per lane, two lanes a slot), the scale bytes at the slot after the
+// values; a 584 record's bf16 RoPE and a bf16 row land on their final chunks. Once they are in,
+// every lane reads its raw chunk, the warp syncs, and lane l writes the bf16 values of dims
+// [16 l, 16 l + 16) over slots 2 l, 2 l + 1 of the same row (decode_chunk16: the bits of
+// read_record_chunk16). So every copy of a warp's 16 keys is in flight at once (the register loads
+// of CacheSource::read hold two keys a warp), and the block waits on one round trip, not eight.
+// A source whose values, scales or rows are not all 16-byte aligned (8 for the 584 record's
+// scales) is read by read_slot_chunk instead (CacheSource::stageable).
+namespace staged {
+constexpr int kV4ScaleSlot = kNopeDim / 16;                    // 28 fp8 value chunks, then the scales
+constexpr int kMxScaleSlot = Mxfp8Layout::kValueBytes / 16;    // 32
+constexpr int kNvScaleSlot = Nvfp4Layout::kValueBytes / 16;    // 16 (two slots of scales)
+static_assert(V4Layout::kScaleBytes == 8 && Mxfp8Layout::kScaleBytes == 16 && Nvfp4Layout::kScaleBytes == 32);
+static_assert(kV4ScaleSlot < 2 * kNopeDim / 16, "the raw chunks sit below the RoPE chunks 56..63");
+
+__device__ __forceinline__ uint32_t slot(uint32_t tile, int row, int s) { return tile + sw128_offset(kBlock, row, s); }
+
+// Issues the copies of one key (v: its values or row, sc: its scales; warp-uniform).
+template <int F>
+__device__ __forceinline__ void copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row, int lane) {
+  if constexpr (F == kV4) {
+    if (lane < kV4ScaleSlot) {
+      cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+    } else {  // RoPE dims 448 + 16 j .. : bf16 bytes 448 + 32 j .., final chunks 2 lane, 2 lane + 1
+      const uint8_t* rope = v + kNopeDim + 32 * (lane - kV4ScaleSlot);
+      cp_async16_bytes(slot(tile, row, 2 * lane), rope);
+      cp_async16_bytes(slot(tile, row, 2 * lane + 1), rope + 16);
+    }
+    if (lane == 0) cp_async8_bytes(slot(tile, row, kV4ScaleSlot), sc);
+  } else if constexpr (F == kMx) {
+    cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+    if (lane == 0) cp_async16_bytes(slot(tile, row, kMxScaleSlot), sc);
+  } else if constexpr (F == kNv) {
+    if (lane < kNvScaleSlot) cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+    else if (lane < kNvScaleSlot + 2) cp_async16_bytes(slot(tile, row, lane), sc + 16 * (lane - kNvScaleSlot));
+  } else if constexpr (F == kBf16) {
+    cp_async16_bytes(slot(tile, row, 2 * lane), v + 32 * lane);
+    cp_async16_bytes(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
+  } else {
+    cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+  }
+}
+
+// Lane `lane`'s raw bytes of its dims (qw) and their scale byte (sb), from the staged row.
+template <int F>
+__device__ __forceinline__ void load_raw(uint32_t tile, int row, int lane, uint32_t (&qw)[4], uint32_t& sb) {
+  if constexpr (F == kBf16) return;
+  uint32_t a = slot(tile, row, lane), b = 0;
+  if constexpr (F == kV4) {
+    if (lane >= kV4ScaleSlot) return;
+    b = slot(tile, row, kV4ScaleSlot) + static_cast<uint32_t>(lane / 4);
+  } else if constexpr (F == kMx) {
+    b = slot(tile, row, kMxScaleSlot) + static_cast<uint32_t>(lane / 2);
+  } else if constexpr (F == kNv) {
+    a = slot(tile, row, lane / 2) + static_cast<uint32_t>(8 * (lane % 2));
+    b = slot(tile, row, kNvScaleSlot + lane / 16) + static_cast<uint32_t>(lane % 16);
+  }
+  if constexpr (F == kNv) {
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(qw[0]), "=r"(qw[1]) : "r"(a) : "memory");
+  } else {
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(qw[0]), "=r"(qw[1]), "=r"(qw[2]), "=r"(qw[3])
+                 : "r"(a)
+                 : "memory");
+  }
+  if constexpr (F != kFp8) asm volatile("ld.shared.u8 %0, [%1];" : "=r"(sb) : "r"(b) : "memory");
+}
+
+__device__ __forceinline__ void store_chunks(uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot(tile, row, 2 * lane)), "r"(w[0]), "r"(w[1]),
+               "r"(w[2]), "r"(w[3])
+               : "memory");
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot(tile, row, 2 * lane + 1)), "r"(w[4]), "r"(w[5]),
+               "r"(w[6]), "r"(w[7])
+               : "memory");
+}
+
+// Lane `lane`'s bf16 values over its two chunks (the 584 record's RoPE lanes and bf16 rows are in
+// place already).
+template <int F>
+__device__ __forceinline__ void decode_raw(float fp8_scale, uint32_t tile, int row, int lane, const uint32_t (&qw)[4],
+                                           uint32_t sb) {
+  if constexpr (F == kBf16) return;
+  if constexpr (F == kV4) {
+    if (lane >= kV4ScaleSlot) return;
+  }
+  uint32_t w[8];
+  decode_chunk16<F>(qw, chunk_scale<F>(static_cast<uint8_t>(sb), fp8_scale), w);
+  store_chunks(tile, row, lane, w);
+}
+
+// Dims [16 lane, +16) of a key whose source cannot be staged, by read_slot_chunk's register
+// reads (byte by byte where unaligned): a call of its own, so that its registers are the call's
+// and not the staged loop's (the path of unusual strides only).
+static __device__ __noinline__ void unstaged_chunk(int format, KeySource c, int32_t e, int lane, uint32_t (&w)[8]) {
+  read_slot_chunk(format, c, e, lane, w);
+}
+
+// The format of a key as a compile-time value.
+template <class Fn>
+__device__ __forceinline__ void by_format(int format, Fn&& fn) {
+  switch (format) {
+    case kV4: fn(std::integral_constant<int, kV4>{}); break;
+    case kMx: fn(std::integral_constant<int, kMx>{}); break;
+    case kNv: fn(std::integral_constant<int, kNv>{}); break;
+    case kBf16: fn(std::integral_constant<int, kBf16>{}); break;
+    default: fn(std::integral_constant<int, kFp8>{}); break;
+  }
+}
+
+// The staged keys (bit k of `stm`: row KPW w + k) of one format F: their copies in two commit
+// groups of KPW / 2 keys, so the second half is in flight while the first is decoded; decoded two keys
+// at a time (their raw chunks read, the warp synced, then overwritten).
+template <int F, int KPW>
+__device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
+                                                 const uint8_t* sc, float fp8_scale) {
+  constexpr int kGroup = 2, kHalf = KPW / 2;
+  const auto ptr = [&](const uint8_t* x, int k) {
+    return reinterpret_cast<const uint8_t*>(
+        __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
+  };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll 1
+    for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
+      if ((stm >> k) & 1u) copies<F>(ptr(v, k), ptr(sc, k), tile, row0 + k, lane);
+    cp_async_commit();
+  }
+  if constexpr (F == kBf16) {  // in place already
+    cp_async_wait<0>();
+    return;
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    if (half == 0) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncwarp();  // every lane's copies of this half are in shared memory
+#pragma unroll 1
+    for (int k0 = kHalf * half; k0 < kHalf * half + kHalf; k0 += kGroup) {
+      uint32_t qw[kGroup][4] = {}, sb[kGroup] = {};
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i)
+        if ((stm >> (k0 + i)) & 1u) load_raw<F>(tile, row0 + k0 + i, lane, qw[i], sb[i]);
+      __syncwarp();  // the raw chunks are read before any lane overwrites them
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i)
+        if ((stm >> (k0 + i)) & 1u) decode_raw<F>(fp8_scale, tile, row0 + k0 + i, lane, qw[i], sb[i]);
+    }
+  }
+}
+
+// Produces key block `b` into key tile `buf` (warp w: rows KPW w .. KPW w + KPW - 1; lane k < KPW
+// holds `pend`, the key of row KPW w + k). Usually every staged key of the warp comes from one
+// source (a token's list changes source once), and its format is resolved once for the warp's
+// keys; otherwise per key.
+template <int KPW>
+__device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_t sk, int32_t* svalid, int warp,
+                                        int lane, KeyRef pend) {
+  constexpr int kKPW = KPW;
+  const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
+  const int row0 = warp * kKPW;
+  // lane k < 16 locates key k once; the warp's copies take the addresses by shuffles
+  const bool ok = lane < kKPW && src.valid(pend);
+  const bool st = ok && src.stageable(pend.src);
+  const uint8_t* v = nullptr;
+  const uint8_t* sc = nullptr;
+  if (st) src.locate(pend, v, sc);
+  const uint32_t okm = __ballot_sync(0xFFFFFFFFu, ok), stm = __ballot_sync(0xFFFFFFFFu, st);
+  const int s0 = __shfl_sync(0xFFFFFFFFu, pend.src, stm != 0 ? __ffs(stm) - 1 : 0);
+  const bool one = __all_sync(0xFFFFFFFFu, !st || pend.src == s0);
+  if (stm != 0 && one) {
+    const float fp8_scale = src.source(s0).fp8_scale;
+    by_format(src.format(s0), [&](auto F) { stage_one_format<F(), KPW>(tile, row0, lane, stm, v, sc, fp8_scale); });
+  } else if (stm != 0) {
+    // both sources among the staged keys: their copies, then per key its format
+    const auto ptr = [&](const uint8_t* x, int k) {
+      return reinterpret_cast<const uint8_t*>(
+          __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
+    };
+    const auto key_src = [&](int k) { return __shfl_sync(0xFFFFFFFFu, pend.src, k); };
+#pragma unroll 1
+    for (int k = 0; k < kKPW; ++k) {
+      if (!((stm >> k) & 1u)) continue;
+      const uint8_t* vk = ptr(v, k);
+      const uint8_t* sck = ptr(sc, k);
+      by_format(src.format(key_src(k)), [&](auto F) { copies<F()>(vk, sck, tile, row0 + k, lane); });
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncwarp();
+#pragma unroll 1
+    for (int k = 0; k < kKPW; ++k) {
+      if (!((stm >> k) & 1u)) continue;
+      const int ks = key_src(k);
+      by_format(src.format(ks), [&](auto F) {
+        uint32_t qw[4] = {}, sb = 0;
+        load_raw<F()>(tile, row0 + k, lane, qw, sb);
+        __syncwarp();
+        decode_raw<F()>(src.source(ks).fp8_scale, tile, row0 + k, lane, qw, sb);
+      });
+    }
+  }
+  // the keys not staged: masked ones as zero rows (P is 0 there, and 0 * garbage could be NaN),
+  // those of a source that cannot be staged by the register reads (a pass of their own: their
+  // byte-by-byte form needs registers the staged keys' raw chunks hold above)
+#pragma unroll 1
+  for (uint32_t rest = ~stm & ((1u << kKPW) - 1u); rest != 0; rest &= rest - 1) {
+    const int k = __ffs(rest) - 1;
+    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if ((okm >> k) & 1u) {
+      KeyRef key;
+      key.e = __shfl_sync(0xFFFFFFFFu, pend.e, k);
+      key.src = __shfl_sync(0xFFFFFFFFu, pend.src, k);
+      unstaged_chunk(src.format(key.src), src.source(key.src), key.e, lane, w);
+    }
+    store_chunks(tile, row0 + k, lane, w);
+  }
+  if (lane < kKPW) svalid[buf * kBlock + row0 + lane] = ok ? 1 : 0;
+}
+
+// Prefill's bf16 workspace rows (sparse_mla_wg_kernel, every warp: rows 8 w .. 8 w + 7 of block
+// `b`, lane k < 8 holding `pend`, the key of row 8 w + k; moved on to block b + 1): each row's 64
+// chunks by cp.async straight to their final places (no dequantization), a masked key as a zero
+// row; committed as one group, for the caller's wait before the tile is read.
+__device__ __forceinline__ void produce_rows(const WorkspaceSource& src, const WorkspaceSource::List& list, int64_t b,
+                                             int buf, uint32_t sk, int32_t* svalid, int warp, int lane,
+                                             KeyRef& pend) {
+  const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
+  const bool ok = lane < kKeysPerWarp && src.valid(pend);
+  const uint32_t okm = __ballot_sync(0xFFFFFFFFu, ok);
+#pragma unroll
+  for (int k = 0; k < kKeysPerWarp; ++k) {
+    const int row = warp * kKeysPerWarp + k;
+    if ((okm >> k) & 1u) {
+      const int32_t e = __shfl_sync(0xFFFFFFFFu, pend.e, k);
+      copies<kBf16>(reinterpret_cast<const uint8_t*>(src.kv + static_cast<int64_t>(e) * src.kv_stride), nullptr, tile,
+                    row, lane);
+    } else {
+      const uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      store_chunks(tile, row, lane, w);
+    }
+  }
+  cp_async_commit();
+  if (lane < kKeysPerWarp) {
+    svalid[buf * kBlock + warp * kKeysPerWarp + lane] = ok ? 1 : 0;
+    pend = src.entry(list, (b + 1) * kBlock + warp * kKeysPerWarp + lane);
+  }
+}
+}  // namespace staged
 
 // ---- The consumer side of one warpgroup, shared by both kernels: warpgroup c (0, 1) owns dims
 // [256 c, 256 c + 256) of O and the partial scores of the same dims; thread wt (0..127) of it
@@ -242,9 +496,17 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
     wg_store(p, r, cta.t, cta.split, cta.h0, row0, wg, tq);
     return;
   }
+  // bf16 workspace rows travel by cp.async to their final chunks (staged::produce_rows), in flight
+  // through a whole block's S, softmax and PV; other sources are gathered in two halves by loads
+  constexpr bool kRows = std::is_same_v<Src, WorkspaceSource>;
   KeyRef pend;
   if (lane < kKeysPerWarp) pend = src.entry(list, blo * kBlock + warp * kKeysPerWarp + lane);
-  produce<kNB, Src, Sw128Tile>(src, list, blo, 0, sk, svalid, warp, lane, pend);
+  if constexpr (kRows) {
+    staged::produce_rows(src, list, blo, 0, sk, svalid, warp, lane, pend);
+    cp_async_wait<0>();
+  } else {
+    produce<kNB, Src, Sw128Tile>(src, list, blo, 0, sk, svalid, warp, lane, pend);
+  }
   fence_proxy_async_shared();  // Q and the first key tile, written by this thread, read by wgmma
 
   // (do-while: at least one block here, and the loop's exit is the only way to the wait below)
@@ -260,7 +522,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
     float s[32];
     wg_issue_scores(s, sq, kt, wg);
     // the first half of block b + 1 while S runs on the tensor cores, the second half during PV
-    if (next) produce<kNB, Src, Sw128Tile, 0, kKeysPerWarp / 2>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+    // (rows: all of its copies now)
+    if constexpr (kRows) {
+      if (next) staged::produce_rows(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+    } else {
+      if (next) produce<kNB, Src, Sw128Tile, 0, kKeysPerWarp / 2>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+    }
     wgmma_wait<0>();
     wgmma_fence_operands(s);  // the compiler keeps every access of s and o after the wait
     wgmma_fence_operands(r.o);
@@ -271,7 +538,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
     wg_softmax(r, s, svalid + cur * kBlock, p.scale, tq, ahi, alo);
     wg_issue_pv(r, ahi, alo, kt, wg);
     if (next) {
-      produce<kNB, Src, Sw128Tile, kKeysPerWarp / 2, kKeysPerWarp>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+      if constexpr (kRows) cp_async_wait<0>();
+      else produce<kNB, Src, Sw128Tile, kKeysPerWarp / 2, kKeysPerWarp>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
       fence_proxy_async_shared();  // the key tile of block b + 1, read by the next S
     }
   } while (++b < bhi);
@@ -285,18 +553,25 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 #endif
 }
 
-// The warp-specialized form of the same product: 384 threads, warpgroup 0 the producer (gathers
-// and dequantizes each block into a free key tile, 16 keys a warp, and prefetches the next
-// block's records into L2), warpgroups 1 and 2 the consumers of sparse_mla_wg_kernel (S, softmax,
-// PV over their dims). The producer holds no accumulators, so the dequantization no longer
-// competes with the 128 O registers (setmaxnreg: 56 registers for the producer, 224 for the
-// consumers). The tiles are handed over with mbarriers: full[buf] (128 producer arrivals after
-// their stores) and empty[buf] (256 consumer arrivals once their PV of the tile's block is done).
+// The warp-specialized form of the same product: kWsThreads threads, the first kWsProducerWarps
+// warps the producers (stage and dequantize each block into a free key tile, kBlock /
+// kWsProducerWarps keys a warp: staged::produce, and prefetch the next block's records into L2),
+// the last two warpgroups the consumers of sparse_mla_wg_kernel (S, softmax, PV over their dims).
+// The producers hold no accumulators, so the dequantization no longer competes with the 128 O
+// registers; setmaxnreg gives the consumers 216 registers and the producers the rest of the
+// launch's registers (one producer warpgroup: 72; the staged gather spills at 56). A second
+// producer warpgroup does not fit: ptxas compiles the whole kernel under the launch's cap of
+// 64K / threads registers (128 at 512 threads), and the consumers' m64n256 accumulators need more
+// than 158 at that instruction. The tiles are handed over with
+// mbarriers: full[buf] (every producer thread arrives after its stores) and empty[buf] (256
+// consumer arrivals once their PV of the tile's block is done).
 template <class Src>
-__global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p, const Src src) {
+__global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Heads p, const Src src) {
 #if defined(DSV41KV_WGMMA)
   using L = WgSmem;
-  constexpr int kNB = 2, kKPW = 16;
+  constexpr int kKPW = kBlock / kWsProducerWarps, kProducers = 32 * kWsProducerWarps;
+  static_assert(kWsProducerWarps % 4 == 0 && kBlock % kWsProducerWarps == 0 && kKPW <= 16);
+  static_assert(kProducers * kWsProducerRegs + 256 * 216 <= 65536 && kWsProducerRegs % 8 == 0);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgCta cta(smem_raw, p);
   const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k, sbars = cta.sbase + L::bars;
@@ -305,26 +580,26 @@ __global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p
   const auto full = [&](int buf) { return sbars + 8u * static_cast<uint32_t>(buf); };
   const auto empty = [&](int buf) { return sbars + 16u + 8u * static_cast<uint32_t>(buf); };
   const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32, lane = tid % 32, wg = warp / 4, wt = tid % 128;
+  const int warp = tid / 32, lane = tid % 32, wt = tid % 128;
 
   if (tid == 0) {
-    mbarrier_init_count(full(0), 128);
-    mbarrier_init_count(full(1), 128);
+    mbarrier_init_count(full(0), kProducers);
+    mbarrier_init_count(full(1), kProducers);
     mbarrier_init_count(empty(0), 256);
     mbarrier_init_count(empty(1), 256);
     mbarrier_init_fence();
   }
   pdl_wait();
-  cta.load_q(p, 3 * 128);
+  cta.load_q(p, kWsThreads);
   fence_proxy_async_shared();  // Q, read by the consumers' wgmma
   __syncthreads();             // Q and the barriers ready
   const typename Src::List list = src.begin(cta.t);
   int64_t blo, bhi;
   cta.blocks(p, list, blo, bhi);
 
-  if (wg == 0) {
-    // ---- producer: block b into tile (b - blo) % 2 once its previous block's PVs are done
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+  if (warp < kWsProducerWarps) {
+    // ---- producers: block b into tile (b - blo) % 2 once its previous block's PVs are done
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsProducerRegs) : "memory");
     if (blo >= bhi) return;
     KeyRef pend, ahead;
     const auto entry = [&](int64_t blk) { return src.entry(list, blk * kBlock + warp * kKPW + lane); };
@@ -332,6 +607,7 @@ __global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p
       pend = entry(blo);
       ahead = entry(blo + 1);
     }
+    constexpr int kSegs = 4 * kKPW / 32;  // L2 prefetch parts (of 4 a record) a lane issues
     for (int64_t b = blo; b < bhi; ++b) {
       const int it = static_cast<int>(b - blo), buf = it & 1;
       if (it >= 2) mbarrier_wait_parity(empty(buf), static_cast<uint32_t>(((it >> 1) - 1) & 1));
@@ -339,9 +615,9 @@ __global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p
       KeyRef k;
       k.e = __shfl_sync(0xFFFFFFFFu, ahead.e, lane % kKPW);
       k.src = __shfl_sync(0xFFFFFFFFu, ahead.src, lane % kKPW);
-      src.prefetch(k, 2 * (lane / kKPW));
-      src.prefetch(k, 2 * (lane / kKPW) + 1);
-      produce<kNB, Src, Sw128Tile, 0, kKPW, false, kKPW>(src, list, b, buf, sk, svalid, warp, lane, pend);
+#pragma unroll
+      for (int j = 0; j < kSegs; ++j) src.prefetch(k, kSegs * (lane / kKPW) + j);
+      staged::produce<kKPW>(src, buf, sk, svalid, warp, lane, pend);
       fence_proxy_async_shared();
       mbarrier_arrive(full(buf));
       if (lane < kKPW) {
@@ -351,9 +627,9 @@ __global__ void __launch_bounds__(3 * 128, 1) sparse_mla_ws_kernel(const Heads p
     }
     return;
   }
-  // ---- consumers: warpgroup c = wg - 1 owns dims [256 c, +256)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
-  const int c = wg - 1, tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
+  // ---- consumers: consumer warpgroup c owns dims [256 c, +256)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  const int c = (warp - kWsProducerWarps) / 4, tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
   WgRows r;
   wg_begin(r);
   if (blo >= bhi) {

@@ -36,6 +36,13 @@ __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
+// Byte copies of any 16- / 8-byte aligned source (the attention's record gather).
+__device__ __forceinline__ void cp_async16_bytes(uint32_t d, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async8_bytes(uint32_t d, const void* gmem_src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(gmem_src) : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -52,6 +59,12 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, 
   *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
 }
 __device__ __forceinline__ uint64_t l2_policy_evict_last() { return 0; }
+__device__ __forceinline__ void cp_async16_bytes(uint32_t d, const void* gmem_src) {
+  *static_cast<uint4*>(__cvta_shared_to_generic(d)) = *static_cast<const uint4*>(gmem_src);
+}
+__device__ __forceinline__ void cp_async8_bytes(uint32_t d, const void* gmem_src) {
+  *static_cast<uint2*>(__cvta_shared_to_generic(d)) = *static_cast<const uint2*>(gmem_src);
+}
 __device__ __forceinline__ void cp_async_commit() {}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {}

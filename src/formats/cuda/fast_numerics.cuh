@@ -277,6 +277,16 @@ DSV41KV_HD float e4m3_decode_finite(uint8_t b) {
 #endif
 }
 
+// e4m3_decode_finite of the two bytes of a 16-bit pair (low byte: x): one conversion for both.
+DSV41KV_HD float2 e4m3x2_decode_finite(uint16_t pair) {
+#if defined(DSV41KV_CUDA_SOFT_FP8) || !defined(__CUDA_ARCH__) || (__CUDA_ARCH__ < 890)
+  return float2{num::e4m3_decode(static_cast<uint8_t>(pair & 0xFFu)), num::e4m3_decode(static_cast<uint8_t>(pair >> 8))};
+#else
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  return __half22float2(__half2(h));
+#endif
+}
+
 // The NVFP4 scale of a finite tile with the given amax (num::nvfp4_quantize_tile): the e4m3
 // scale byte and the e2m1 decision thresholds (e2m1_thresholds) of its decoded value.
 __device__ __forceinline__ uint8_t nv_tile_scale_byte(float amax) {

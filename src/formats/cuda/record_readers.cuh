@@ -4,6 +4,7 @@
 // read their keys and values through the same functions.
 #pragma once
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -33,6 +34,46 @@ __device__ __forceinline__ void read_record_dims(const uint8_t* pg, int64_t S, i
       else o[k] = rec::read_plain_fp8(pg + r * row_stride_bytes, d, fp8_scale);
     }
   }
+}
+
+// The scale of a 16-dim chunk of a quantized record from its scale byte (F != kBf16): the tile's
+// ue8m0 power of two (584, 528), the decoded e4m3 block scale (288), the plain fp8 cache's sigma.
+template <int F>
+__device__ __forceinline__ float chunk_scale(uint8_t byte, float fp8_scale) {
+  if constexpr (F == kNv) return e4m3_decode_finite(byte);
+  else if constexpr (F == kFp8) return fp8_scale;
+  else return num::ue8m0_scale(byte);
+}
+// The 16 dims of a chunk from its raw bytes as 8 packed bf16x2 words: 16 e4m3 codes in qw[0..3]
+// (byte k = dim k), or for 288 records 16 e2m1 nibbles in qw[0..1] (nibble k = dim k), times the
+// chunk's scale (chunk_scale), each product rounded as rec::read_* rounds it.
+template <int F>
+__device__ __forceinline__ void decode_chunk16(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
+  float v[16];
+  if constexpr (F == kNv) {
+    // e2m1 by its f16 bit pattern: nibble s|eem as f16 bits s << 15 | eem << 9 is the e2m1 value
+    // times 2^-14 (ee > 0: 2^(ee - 15) 1.m; ee = 0: m 2^-15, the subnormal), exact; times
+    // sc 2^14 in fp32 it is e2m1 * sc exactly (a product of 2 and 4 significant bits, sc of an
+    // e4m3 byte: 2^-9 .. 448 or 0, NaN alike), so num::mul_rn(num::e2m1_decode(n), sc) bit for bit
+    const float sc14 = sc * 16384.0f;
+#pragma unroll
+    for (int k = 0; k < 16; k += 2) {
+      const uint32_t b = (qw[k / 8] >> (4 * (k % 8))) & 0xFFu;  // nibbles k (low) and k + 1
+      const uint32_t t = (b & 0xFu) | ((b & 0xF0u) << 12);       // one nibble per 16-bit half
+      const uint32_t h = ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      v[k] = num::mul_rn(f.x, sc14);
+      v[k + 1] = num::mul_rn(f.y, sc14);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k += 2) {
+      const float2 f = e4m3x2_decode_finite(static_cast<uint16_t>(qw[k / 4] >> (8 * (k % 4))));
+      v[k] = num::mul_rn(f.x, sc);
+      v[k + 1] = num::mul_rn(f.y, sc);
+    }
+  }
+  bf16_encode_packed<16>(v, w);
 }
 
 // The fast form of read_record_dims<F, 16> for the attention's key gather: dims [d0, d0 + 16)
@@ -66,36 +107,27 @@ __device__ __forceinline__ void read_record_chunk16(const uint8_t* pg, int64_t S
   if constexpr (F == kBf16) {
     return;
   } else {
-    float v[16];
+    uint32_t qw[4] = {0, 0, 0, 0};
+    uint8_t sb = 0;
     if constexpr (F == kNv) {
       const uint2 q = *reinterpret_cast<const uint2*>(pg + Nvfp4Layout::value_offset(S, r) + d0 / 2);
-      const float sc = e4m3_decode_finite(pg[Nvfp4Layout::scale_offset(S, r) + d0 / 16]);
-      const uint32_t qw[2] = {q.x, q.y};
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const uint8_t nib = static_cast<uint8_t>((qw[k / 8] >> (4 * (k % 8))) & 0xFu);
-        v[k] = num::mul_rn(num::e2m1_decode(nib), sc);
-      }
+      qw[0] = q.x, qw[1] = q.y;
+      sb = pg[Nvfp4Layout::scale_offset(S, r) + d0 / 16];
     } else {
       const uint8_t* q8;
-      float sc;
       if constexpr (F == kV4) {
         q8 = pg + V4Layout::value_offset(S, r) + d0;
-        sc = num::ue8m0_scale(pg[V4Layout::scale_offset(S, r) + d0 / 64]);
+        sb = pg[V4Layout::scale_offset(S, r) + d0 / 64];
       } else if constexpr (F == kMx) {
         q8 = pg + Mxfp8Layout::value_offset(S, r) + d0;
-        sc = num::ue8m0_scale(pg[Mxfp8Layout::scale_offset(S, r) + d0 / 32]);
+        sb = pg[Mxfp8Layout::scale_offset(S, r) + d0 / 32];
       } else {
         q8 = pg + r * row_stride_bytes + d0;
-        sc = fp8_scale;
       }
       const uint4 q = *reinterpret_cast<const uint4*>(q8);
-      const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int k = 0; k < 16; ++k)
-        v[k] = num::mul_rn(e4m3_decode_finite(static_cast<uint8_t>(qw[k / 4] >> (8 * (k % 4)))), sc);
+      qw[0] = q.x, qw[1] = q.y, qw[2] = q.z, qw[3] = q.w;
     }
-    bf16_encode_packed<16>(v, w);
+    decode_chunk16<F>(qw, chunk_scale<F>(sb, fp8_scale), w);
   }
 }
 

@@ -87,6 +87,50 @@ struct SelectResult {
   uint32_t boundary;
 };
 
+// One 8-bit pass of a radix search: among the eligible items whose order key equals `prefix` on
+// `mask`, the digit at `shift` where the count from the top reaches `remaining` (1 <= remaining <=
+// the items matching). Leaves in `sh`: prefix with that digit, remaining within it, the matching
+// items in larger digits (above) and in the digit (count). Rank r holds digits 255 - (r * kBins +
+// b); an exclusive scan gives the count of every larger digit. Every rank of the group calls; the
+// results are read after the final barrier.
+template <int NT, class Load, class Eligible>
+__device__ void digit_pass(const ThreadGroup<NT>& grp, SelectShared& sh, int64_t n, int shift, uint32_t prefix,
+                           uint32_t mask, int remaining, Load load, Eligible eligible) {
+  constexpr int kBins = 256 / NT > 0 ? 256 / NT : 1;
+  static_assert(NT >= 256 ? NT % 256 == 0 : 256 % NT == 0);
+  const int tid = grp.rank;
+  for (int b = tid; b < 256; b += NT) sh.hist[b] = 0;
+  grp.sync();
+  for (int64_t i = tid; i < n; i += NT) {
+    const float x = load(i).key;
+    if (!eligible(x)) continue;
+    const uint32_t u = order_key(x);
+    if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1);
+  }
+  grp.sync();
+  int h[kBins], local = 0;
+#pragma unroll
+  for (int b = 0; b < kBins; ++b) {
+    const int d = 255 - (tid * kBins + b);
+    h[b] = d >= 0 ? sh.hist[d] : 0;
+    local += h[b];
+  }
+  int total;
+  int above = grp.exclusive_sum(local, total);
+#pragma unroll
+  for (int b = 0; b < kBins; ++b) {
+    const int d = 255 - (tid * kBins + b);
+    if (d >= 0 && above < remaining && above + h[b] >= remaining) {
+      sh.prefix = prefix | (static_cast<uint32_t>(d) << shift);
+      sh.remaining = remaining - above;
+      sh.above = above;
+      sh.count = h[b];
+    }
+    above += h[b];
+  }
+  grp.sync();
+}
+
 // The top min(K, #eligible) of items 0..n by (key desc, position asc). load(i) returns the item
 // at position i (a struct whose .key is the float ranked); emit(j, item) is called for j < k in
 // ascending position order, pad(j) for k <= j < K. Every item a round emits was loaded before the
@@ -96,8 +140,6 @@ struct SelectResult {
 template <int NT, class Load, class Emit, class Pad>
 __device__ SelectResult select_top(const ThreadGroup<NT>& grp, SelectShared& sh, int64_t n, int K, bool finite_only,
                                    Load load, Emit emit, Pad pad) {
-  constexpr int kBins = 256 / NT > 0 ? 256 / NT : 1;  // histogram bins per rank in the digit search
-  static_assert(NT >= 256 ? NT % 256 == 0 : 256 % NT == 0);
   const int tid = grp.rank;
   auto eligible = [&](float x) { return finite_only ? isfinite(x) : !isnan(x); };
   int mine = 0;
@@ -109,38 +151,7 @@ __device__ SelectResult select_top(const ThreadGroup<NT>& grp, SelectShared& sh,
   const bool all = k == count;  // every eligible entry is taken
   if (!all) {
     for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int b = tid; b < 256; b += NT) sh.hist[b] = 0;
-      grp.sync();
-      for (int64_t i = tid; i < n; i += NT) {
-        const float x = load(i).key;
-        if (!eligible(x)) continue;
-        const uint32_t u = order_key(x);
-        if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1);
-      }
-      grp.sync();
-      // the digit where the count from the top reaches `remaining`: rank r holds digits
-      // 255 - (r * kBins + b), an exclusive scan gives the count of every larger digit
-      {
-        int h[kBins], local = 0;
-#pragma unroll
-        for (int b = 0; b < kBins; ++b) {
-          const int d = 255 - (tid * kBins + b);
-          h[b] = d >= 0 ? sh.hist[d] : 0;
-          local += h[b];
-        }
-        int total;
-        int above = grp.exclusive_sum(local, total);
-#pragma unroll
-        for (int b = 0; b < kBins; ++b) {
-          const int d = 255 - (tid * kBins + b);
-          if (d >= 0 && above < remaining && above + h[b] >= remaining) {
-            sh.prefix = prefix | (static_cast<uint32_t>(d) << shift);
-            sh.remaining = remaining - above;
-          }
-          above += h[b];
-        }
-      }
-      grp.sync();
+      digit_pass(grp, sh, n, shift, prefix, mask, remaining, load, eligible);
       prefix = sh.prefix;
       remaining = sh.remaining;
       mask |= 255u << shift;
@@ -192,42 +203,12 @@ struct PruneResult {
 // Items must be finite (the caller's buffer holds only such). Every rank of the group calls.
 template <int NT, class Load, class Store>
 __device__ PruneResult prune_top(const ThreadGroup<NT>& grp, SelectShared& sh, int n, int K, Load load, Store store) {
-  constexpr int kBins = 256 / NT > 0 ? 256 / NT : 1;
   const int tid = grp.rank;
   if (n <= 2 * K) return {n, 0u};
   uint32_t prefix = 0, mask = 0;
   int remaining = K, above_all = 0, kept = n;
   for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = tid; b < 256; b += NT) sh.hist[b] = 0;
-    grp.sync();
-    for (int i = tid; i < n; i += NT) {
-      const uint32_t u = order_key(load(i).key);
-      if ((u & mask) == prefix) atomicAdd(&sh.hist[(u >> shift) & 255u], 1);
-    }
-    grp.sync();
-    {
-      int h[kBins], local = 0;
-#pragma unroll
-      for (int b = 0; b < kBins; ++b) {
-        const int d = 255 - (tid * kBins + b);
-        h[b] = d >= 0 ? sh.hist[d] : 0;
-        local += h[b];
-      }
-      int total;
-      int above = grp.exclusive_sum(local, total);
-#pragma unroll
-      for (int b = 0; b < kBins; ++b) {
-        const int d = 255 - (tid * kBins + b);
-        if (d >= 0 && above < remaining && above + h[b] >= remaining) {
-          sh.prefix = prefix | (static_cast<uint32_t>(d) << shift);
-          sh.remaining = remaining - above;
-          sh.above = above;
-          sh.count = h[b];
-        }
-        above += h[b];
-      }
-    }
-    grp.sync();
+    digit_pass(grp, sh, n, shift, prefix, mask, remaining, load, [](float) { return true; });
     prefix = sh.prefix;
     above_all += sh.above;  // keys in larger digits: above the bound whatever the later digits
     kept = above_all + sh.count;
