@@ -82,8 +82,9 @@ __device__ __forceinline__ void load_raw(uint32_t tile, int row, int lane, uint3
   if constexpr (F == kBf16) return;
   uint32_t a = slot(tile, row, lane), b = 0;
   if constexpr (F == kV4) {
-    if (lane >= kV4ScaleSlot) return;
-    b = slot(tile, row, kV4ScaleSlot) + static_cast<uint32_t>(lane / 4);
+    // the RoPE lanes (>= 28) read and decode bytes of their row too (no divergent branch) and
+    // store nothing (decode_raw); their scale byte is one of the row's scales
+    b = slot(tile, row, kV4ScaleSlot) + static_cast<uint32_t>((lane / 4) & 7);
   } else if constexpr (F == kMx) {
     b = slot(tile, row, kMxScaleSlot) + static_cast<uint32_t>(lane / 2);
   } else if constexpr (F == kNv) {
@@ -99,6 +100,9 @@ __device__ __forceinline__ void load_raw(uint32_t tile, int row, int lane, uint3
                  : "memory");
   }
   if constexpr (F != kFp8) asm volatile("ld.shared.u8 %0, [%1];" : "=r"(sb) : "r"(b) : "memory");
+  if constexpr (F == kV4) {
+    if (lane >= kV4ScaleSlot) qw[0] = qw[1] = qw[2] = qw[3] = 0;  // no NaN byte on those lanes
+  }
 }
 
 __device__ __forceinline__ void store_chunks(uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
@@ -110,18 +114,27 @@ __device__ __forceinline__ void store_chunks(uint32_t tile, int row, int lane, c
                : "memory");
 }
 
+// store_chunks where `p` holds (predicated, not branched).
+__device__ __forceinline__ void store_chunks_if(bool p, uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
+  asm volatile(
+      "{\n .reg .pred q;\n setp.ne.b32 q, %10, 0;\n"
+      " @q st.shared.v4.u32 [%0], {%2, %3, %4, %5};\n"
+      " @q st.shared.v4.u32 [%1], {%6, %7, %8, %9};\n}"
+      ::"r"(slot(tile, row, 2 * lane)), "r"(slot(tile, row, 2 * lane + 1)), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]),
+      "r"(w[4]), "r"(w[5]), "r"(w[6]), "r"(w[7]), "r"(static_cast<uint32_t>(p))
+      : "memory");
+}
+
 // Lane `lane`'s bf16 values over its two chunks (the 584 record's RoPE lanes and bf16 rows are in
 // place already).
 template <int F>
 __device__ __forceinline__ void decode_raw(float fp8_scale, uint32_t tile, int row, int lane, const uint32_t (&qw)[4],
                                            uint32_t sb) {
   if constexpr (F == kBf16) return;
-  if constexpr (F == kV4) {
-    if (lane >= kV4ScaleSlot) return;
-  }
   uint32_t w[8];
   decode_chunk16<F>(qw, chunk_scale<F>(static_cast<uint8_t>(sb), fp8_scale), w);
-  store_chunks(tile, row, lane, w);
+  if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row, lane, w);  // RoPE lanes: in place
+  else store_chunks(tile, row, lane, w);
 }
 
 // Dims [16 lane, +16) of a key whose source cannot be staged, by read_slot_chunk's register

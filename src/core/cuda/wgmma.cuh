@@ -33,9 +33,11 @@
 namespace dsv41kv::detail::cuda {
 
 // Byte offset of chunk c (16 bytes) of row r in a 128-byte-swizzled tile of `rows` rows (rows a
-// multiple of 8): sub-tile c / 8 (rows * 128 bytes each), row r, chunk (c % 8) ^ (r % 8).
+// multiple of 8; r, c >= 0): sub-tile c / 8 (rows * 128 bytes each), row r, chunk (c % 8) ^ (r % 8).
+// Unsigned shifts and masks: signed / and % of a runtime row cost a sign fix-up each.
 __host__ __device__ constexpr uint32_t sw128_offset(int rows, int r, int c) {
-  return static_cast<uint32_t>((c / 8) * rows * 128 + r * 128 + (((c % 8) ^ (r % 8)) * 16));
+  const auto ur = static_cast<uint32_t>(r), uc = static_cast<uint32_t>(c);
+  return (uc >> 3) * static_cast<uint32_t>(rows) * 128u + ur * 128u + (((uc & 7u) ^ (ur & 7u)) << 4);
 }
 
 // A shared-memory matrix descriptor with 128-byte swizzling (layout type 1): start address, LBO
