@@ -186,6 +186,33 @@ __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int la
 #pragma unroll 1
     for (int k0 = kHalf * half; k0 < kHalf * half + kHalf; k0 += kGroup) {
       uint32_t qw[kGroup][4] = {}, sb[kGroup] = {};
+      if (((stm >> k0) & ((1u << kGroup) - 1u)) == (1u << kGroup) - 1u) {
+        // every key of the group staged: no branch between their conversions (they interleave),
+        // one test for a NaN among them
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) load_raw<F>(tile, row0 + k0 + i, lane, qw[i], sb[i]);
+        __syncwarp();  // the raw chunks are read before any lane overwrites them
+        uint32_t w[kGroup][8];
+        bool ok = true;
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i)
+          ok = decode_chunk16_hw<F>(qw[i], chunk_scale<F>(static_cast<uint8_t>(sb[i]), fp8_scale), w[i]) && ok;
+        if (!ok) {  // (rare) the raw chunks again, still in place: none is stored yet
+#pragma unroll
+          for (int i = 0; i < kGroup; ++i) {
+            uint32_t rq[4] = {}, rs = 0;
+            load_raw<F>(tile, row0 + k0 + i, lane, rq, rs);
+            decode_chunk16_sw<F>(rq, chunk_scale<F>(static_cast<uint8_t>(rs), fp8_scale), w[i]);
+          }
+        }
+        __syncwarp();  // every lane's re-reads (if any) before any lane's stores
+#pragma unroll
+        for (int i = 0; i < kGroup; ++i) {
+          if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row0 + k0 + i, lane, w[i]);
+          else store_chunks(tile, row0 + k0 + i, lane, w[i]);
+        }
+        continue;
+      }
 #pragma unroll
       for (int i = 0; i < kGroup; ++i)
         if ((stm >> (k0 + i)) & 1u) load_raw<F>(tile, row0 + k0 + i, lane, qw[i], sb[i]);

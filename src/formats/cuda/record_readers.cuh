@@ -44,12 +44,12 @@ __device__ __forceinline__ float chunk_scale(uint8_t byte, float fp8_scale) {
   else if constexpr (F == kFp8) return fp8_scale;
   else return num::ue8m0_scale(byte);
 }
-// The 16 dims of a chunk from its raw bytes as 8 packed bf16x2 words: 16 e4m3 codes in qw[0..3]
+// The 16 dims of a chunk from its raw bytes (decode_values16: as floats; decode_chunk16: as 8
+// packed bf16x2 words): 16 e4m3 codes in qw[0..3]
 // (byte k = dim k), or for 288 records 16 e2m1 nibbles in qw[0..1] (nibble k = dim k), times the
 // chunk's scale (chunk_scale), each product rounded as rec::read_* rounds it.
 template <int F>
-__device__ __forceinline__ void decode_chunk16(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
-  float v[16];
+__device__ __forceinline__ void decode_values16(const uint32_t (&qw)[4], float sc, float (&v)[16]) {
   if constexpr (F == kNv) {
     // e2m1 by its f16 bit pattern: nibble s|eem as f16 bits s << 15 | eem << 9 is the e2m1 value
     // times 2^-14 (ee > 0: 2^(ee - 15) 1.m; ee = 0: m 2^-15, the subnormal), exact; times
@@ -73,7 +73,33 @@ __device__ __forceinline__ void decode_chunk16(const uint32_t (&qw)[4], float sc
       v[k + 1] = num::mul_rn(f.y, sc);
     }
   }
+}
+template <int F>
+__device__ __forceinline__ void decode_chunk16(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
+  float v[16];
+  decode_values16<F>(qw, sc, v);
   bf16_encode_packed<16>(v, w);
+}
+// decode_chunk16's two halves apart, so that several chunks can be converted without a branch
+// between them: the hardware conversion (hw: the right bits unless a value is a NaN, which it
+// reports by returning false) and the exact one (sw, for a chunk where hw returned false).
+template <int F>
+__device__ __forceinline__ bool decode_chunk16_hw(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
+  float v[16];
+  decode_values16<F>(qw, sc, v);
+  bool ok = true;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {  // pair by pair: a value is dead once packed
+    w[i] = bf16x2_rn_hw(v[2 * i], v[2 * i + 1]);
+    ok = ok && bf16_hw_ok2(v[2 * i], v[2 * i + 1]);
+  }
+  return ok;
+}
+template <int F>
+__device__ __forceinline__ void decode_chunk16_sw(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
+  float v[16];
+  decode_values16<F>(qw, sc, v);
+  bf16_encode_packed_sw<16>(v, w);
 }
 
 // The fast form of read_record_dims<F, 16> for the attention's key gather: dims [d0, d0 + 16)
