@@ -599,12 +599,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 // the last two warpgroups the consumers of sparse_mla_wg_kernel (S, softmax, PV over their dims).
 // The producers hold no accumulators, so the dequantization no longer competes with the 128 O
 // registers; setmaxnreg gives the consumers 216 registers and the producers the rest of the
-// launch's registers (one producer warpgroup: 72; the staged gather spills at 56). A second
-// producer warpgroup does not fit: ptxas compiles the whole kernel under the launch's cap of
-// 64K / threads registers (128 at 512 threads), and the consumers' m64n256 accumulators need more
-// than 158 at that instruction. The tiles are handed over with
-// mbarriers: full[buf] (every producer thread arrives after its stores) and empty[buf] (256
-// consumer arrivals once their PV of the tile's block is done).
+// launch's registers (one producer warpgroup: 72; the staged gather spills at 56). With a second
+// producer warpgroup (512 threads) ptxas refuses the consumers' m64n256 wgmma ("Insufficient
+// registers (128)", the launch cap) despite their setmaxnreg.inc (docs/changelog.md). The tiles
+// are handed over with mbarriers: full[buf] (every producer thread arrives after its stores) and
+// empty[buf] (256 consumer arrivals once their PV of the tile's block is done).
 template <class Src>
 __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Heads p, const Src src) {
 #if defined(DSV41KV_WGMMA)
