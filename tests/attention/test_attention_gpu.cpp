@@ -110,6 +110,11 @@ std::string decode_name(const DecodeCase& c) {
          std::to_string(c.schedule.head_tile);
 }
 
+// A decode case of latent-sized states (the GPU tests' inputs, fixture.hpp).
+DecodeSpec latent_spec(int H, int s_q, int ratio, int64_t T, RecordFormat swa, RecordFormat cmp) {
+  return DecodeSpec{.H = H, .T = T, .s_q = s_q, .swa_format = swa, .ratio = ratio, .cmp_format = cmp, .latent_sized = true};
+}
+
 TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
   struct Shape {
     int H, real, s_q, ratio;
@@ -122,15 +127,8 @@ TEST_F(AttentionGpu, DecodeAgreesWithTheReferenceAndTheCpu) {
     for (RecordFormat sf : swa_formats)
       for (RecordFormat cf : kAllRecordFormats) {
         if (sh.ratio == 0 && cf != RecordFormat::V4_584) continue;
-        DecodeSpec s;
-        s.latent_sized = true;
-        s.H = sh.H;
+        DecodeSpec s = latent_spec(sh.H, sh.s_q, sh.ratio, sh.T, sf, cf);
         s.real_heads = sh.real;
-        s.s_q = sh.s_q;
-        s.ratio = sh.ratio;
-        s.T = sh.T;
-        s.swa_format = sf;
-        s.cmp_format = cf;
         DecodeCase c = DecodeCase::make(s, rng());
         Outputs cpu(s.T, s.H);
         sparse_decode(c.args(cpu));
@@ -156,14 +154,7 @@ TEST_F(AttentionGpu, DecodeSweepsHeadsQueriesSplitsAndTiles) {
                         Pair{RecordFormat::V4_584, RecordFormat::V4_584, 0}})
     for (const int H : {8, 16, 64, 128})
       for (const int s_q : {1, 2, 6}) {
-        DecodeSpec s;
-        s.latent_sized = true;
-        s.H = H;
-        s.s_q = s_q;
-        s.ratio = pr.ratio;
-        s.T = 12;
-        s.swa_format = pr.swa;
-        s.cmp_format = pr.cmp;
+        const DecodeSpec s = latent_spec(H, s_q, pr.ratio, 12, pr.swa, pr.cmp);
         DecodeCase c = DecodeCase::make(s, rng());
         Outputs cpu(s.T, s.H);
         sparse_decode(c.args(cpu));
@@ -191,14 +182,7 @@ TEST_F(AttentionGpu, DecodeReadsPagesThatCannotBeStaged) {
   for (const Case k : {Case{RecordFormat::V4_584, RecordFormat::NVFP4_288, 0, 8},
                        Case{RecordFormat::MXFP8_528, RecordFormat::V4_584, 3, 0},
                        Case{RecordFormat::PLAIN_FP8, RecordFormat::MXFP8_528, 0, 5}}) {
-    DecodeSpec s;
-    s.latent_sized = true;
-    s.H = 64;
-    s.s_q = 2;
-    s.ratio = 2;
-    s.T = 12;
-    s.swa_format = k.swa;
-    s.cmp_format = k.cmp;
+    DecodeSpec s = latent_spec(64, 2, 2, 12, k.swa, k.cmp);
     s.swa_extra = k.swa_extra;
     s.cmp_extra = k.cmp_extra;
     DecodeCase c = DecodeCase::make(s, rng());
@@ -240,14 +224,7 @@ TEST_F(AttentionGpu, DecodeScheduleFillsTheDevice) {
 // blocks and merge order, exact dequantization (SPEC 5.3, 9.5).
 TEST_F(AttentionGpu, DecodeAndPrefillAgreeOnTheSameKeys) {
   for (const int H : {8, 64, 128}) {
-    DecodeSpec s;
-    s.latent_sized = true;
-    s.H = H;
-    s.s_q = 2;
-    s.ratio = 2;
-    s.T = 10;
-    s.swa_format = RecordFormat::V4_584;
-    s.cmp_format = RecordFormat::MXFP8_528;
+    const DecodeSpec s = latent_spec(H, 2, 2, 10, RecordFormat::V4_584, RecordFormat::MXFP8_528);
     DecodeCase c = DecodeCase::make(s, rng());
     c.plan_cuda(1, H <= 16 ? 16 : 64);
     DeviceDecode d(c);
