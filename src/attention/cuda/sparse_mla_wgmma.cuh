@@ -156,28 +156,10 @@ __device__ __forceinline__ void by_format(int format, Fn&& fn) {
   }
 }
 
-// The staged keys (bit k of `stm`: row KPW w + k) of one format F: their copies in two commit
-// groups of KPW / 2 keys, so the second half is in flight while the first is decoded; decoded two keys
-// at a time (their raw chunks read, the warp synced, then overwritten).
+// stage_one_format's dequantization of the staged rows (F != kBf16).
 template <int F, int KPW>
-__device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
-                                                 const uint8_t* sc, float fp8_scale) {
+__device__ __forceinline__ void stage_decode(uint32_t tile, int row0, int lane, uint32_t stm, float fp8_scale) {
   constexpr int kGroup = 2, kHalf = KPW / 2;
-  const auto ptr = [&](const uint8_t* x, int k) {
-    return reinterpret_cast<const uint8_t*>(
-        __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
-  };
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll 1
-    for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
-      if ((stm >> k) & 1u) copies<F>(ptr(v, k), ptr(sc, k), tile, row0 + k, lane);
-    cp_async_commit();
-  }
-  if constexpr (F == kBf16) {  // in place already
-    cp_async_wait<0>();
-    return;
-  }
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (half == 0) cp_async_wait<1>();
@@ -221,6 +203,31 @@ __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int la
       for (int i = 0; i < kGroup; ++i)
         if ((stm >> (k0 + i)) & 1u) decode_raw<F>(fp8_scale, tile, row0 + k0 + i, lane, qw[i], sb[i]);
     }
+  }
+}
+
+// The staged keys (bit k of `stm`: row KPW w + k) of one format F: their copies in two commit
+// groups of KPW / 2 keys, so the second half is in flight while the first is decoded
+// (stage_decode: two keys at a time, their raw chunks read, the warp synced, then overwritten).
+template <int F, int KPW>
+__device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
+                                                 const uint8_t* sc, float fp8_scale) {
+  constexpr int kHalf = KPW / 2;
+  const auto ptr = [&](const uint8_t* x, int k) {
+    return reinterpret_cast<const uint8_t*>(
+        __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
+  };
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll 1
+    for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
+      if ((stm >> k) & 1u) copies<F>(ptr(v, k), ptr(sc, k), tile, row0 + k, lane);
+    cp_async_commit();
+  }
+  if constexpr (F == kBf16) {  // in place already
+    cp_async_wait<0>();
+  } else {
+    stage_decode<F, KPW>(tile, row0, lane, stm, fp8_scale);
   }
 }
 
