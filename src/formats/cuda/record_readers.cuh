@@ -74,9 +74,9 @@ __device__ __forceinline__ void decode_values16(const uint32_t (&qw)[4], float s
     }
   }
 }
-// Its two forms: the hardware conversion (hw: the right bits unless a value is a NaN, which it
-// reports by returning false) and the exact one (sw, for a chunk where hw returned false); apart,
-// several chunks can be converted without a branch between them (decode_chunk16 below is both).
+// Its two forms apart, so that several chunks can be converted without a branch between them: the
+// hardware conversion (hw: the right bits unless a value is a NaN, which it reports by returning
+// false) and the exact one (sw, for a chunk where hw returned false).
 template <int F>
 __device__ __forceinline__ bool decode_chunk16_hw(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
   float v[16];
@@ -95,9 +95,12 @@ __device__ __forceinline__ void decode_chunk16_sw(const uint32_t (&qw)[4], float
   decode_values16<F>(qw, sc, v);
   bf16_encode_packed_sw<16>(v, w);
 }
+// Both in one (the hardware conversion with its NaN fallback, bf16_encode_packed).
 template <int F>
 __device__ __forceinline__ void decode_chunk16(const uint32_t (&qw)[4], float sc, uint32_t (&w)[8]) {
-  if (!decode_chunk16_hw<F>(qw, sc, w)) decode_chunk16_sw<F>(qw, sc, w);
+  float v[16];
+  decode_values16<F>(qw, sc, v);
+  bf16_encode_packed<16>(v, w);
 }
 
 // The fast form of read_record_dims<F, 16> for the attention's key gather: dims [d0, d0 + 16)
