@@ -608,7 +608,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 // registers; setmaxnreg gives the consumers 216 registers and the producers the rest of the
 // launch's registers (one producer warpgroup: 72; the staged gather spills at 56). With a second
 // producer warpgroup (512 threads) ptxas refuses the consumers' m64n256 wgmma ("Insufficient
-// registers (128)", the launch cap) despite their setmaxnreg.inc (docs/changelog.md). The tiles
+// registers (128)": it checks each instruction against the launch cap, setmaxnreg.inc
+// notwithstanding; two m64n128 would compile, docs/changelog.md "Ideas"). The tiles
 // are handed over with mbarriers: full[buf] (every producer thread arrives after its stores) and
 // empty[buf] (256 consumer arrivals once their PV of the tile's block is done).
 template <class Src>
