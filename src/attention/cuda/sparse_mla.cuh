@@ -345,13 +345,6 @@ struct WorkspaceSource {
     return k;
   }
   __device__ bool valid(KeyRef k) const { return k.src == 0 && k.e >= 0 && k.e < s_kv; }
-  // Part `seg` (0..3) of the L2 prefetch of row k (1024 bytes: two lines a part).
-  __device__ void prefetch(KeyRef k, int seg) const {
-    if (!valid(k)) return;
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(kv + static_cast<int64_t>(k.e) * kv_stride);
-    prefetch_l2(row + 128 * seg);
-    prefetch_l2(row + 512 + 128 * seg);
-  }
   // dims [16 lane, 16 lane + 16) of `nk` keys as bf16x2 words (masked keys: zeros), plain loads
   // as decode's (the cp.async form gave wrong rows with the 16-row head tile on the H200; it comes
   // back once that is understood: docs/changelog.md)
@@ -373,28 +366,24 @@ struct WorkspaceSource {
 };
 
 // The chunk addresses of a key tile: rows of 1024 bytes, chunk c of row r at c ^ (r % 8) (the
-// mma.sync mainloop's ldmatrix tiles; the warpgroup kernel passes Sw128Tile).
+// mma.sync mainloop's ldmatrix tiles).
 struct RowTile {
   __device__ static uint32_t addr(uint32_t tile, int row, int chunk) { return tile_addr(tile, row, chunk, kChunks); }
 };
 
-// Produces key block `b` into key tile `buf`: warp w handles keys 8 w .. 8 w + 7, lane l dims
-// [16 l, 16 l + 16) (chunks 2 l, 2 l + 1 of the row); masked keys are zero rows (P is 0 there,
-// and 0 * garbage could be NaN). `pend` holds, in lane k < 8, the key of this block the warp's
-// k-th row is; it is replaced by that of block b + 1 (the index load runs a block ahead). NB keys'
-// loads are issued before their stores (fewer with the 64-head tile, whose O tiles hold 128
-// registers a thread).
-// KPW keys a warp (8: all 8 warps produce; 16: a producer warpgroup of 4), keys K0 .. K1 - 1 of
-// them only (a block produced in two parts); `pend` moves on to block b + 1 with the last part
-// (unless !Advance: the caller moves it).
-template <int NB, class Src, class TileAddr = RowTile, int K0 = 0, int K1 = kKeysPerWarp, bool Advance = true,
-          int KPW = kKeysPerWarp>
+// Produces key block `b` into key tile `buf` (the mma.sync mainloop's): warp w handles keys 8 w ..
+// 8 w + 7, lane l dims [16 l, 16 l + 16) (chunks 2 l, 2 l + 1 of the row); masked keys are zero
+// rows (P is 0 there, and 0 * garbage could be NaN). `pend` holds, in lane k < 8, the key of this
+// block the warp's k-th row is; it is replaced by that of block b + 1 (the index load runs a block
+// ahead). NB keys' loads are issued before their stores. (The 64-head kernels stage their keys by
+// cp.async instead: sparse_mla_wgmma.cuh.)
+template <int NB, class Src>
 __device__ __forceinline__ void produce(const Src& src, const typename Src::List& list, int64_t b, int buf, uint32_t sk,
                                         int32_t* svalid, int warp, int lane, KeyRef& pend) {
   const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
-  static_assert((K1 - K0) % NB == 0 && 0 <= K0 && K0 < K1 && K1 <= KPW && KPW <= 32 && KPW * (kBlock / KPW) == kBlock);
+  static_assert(kKeysPerWarp % NB == 0);
 #pragma unroll
-  for (int k0 = K0; k0 < K1; k0 += NB) {
+  for (int k0 = 0; k0 < kKeysPerWarp; k0 += NB) {
     KeyRef key[NB];
     bool ok[NB];
 #pragma unroll
@@ -407,8 +396,8 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
     src.read(key, ok, lane, w);
 #pragma unroll
     for (int i = 0; i < NB; ++i) {
-      const int row = warp * KPW + k0 + i;
-      const uint32_t s0 = TileAddr::addr(tile, row, 2 * lane), s1 = TileAddr::addr(tile, row, 2 * lane + 1);
+      const int row = warp * kKeysPerWarp + k0 + i;
+      const uint32_t s0 = RowTile::addr(tile, row, 2 * lane), s1 = RowTile::addr(tile, row, 2 * lane + 1);
       asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(s0), "r"(w[i][0]), "r"(w[i][1]), "r"(w[i][2]),
                    "r"(w[i][3])
                    : "memory");
@@ -418,9 +407,9 @@ __device__ __forceinline__ void produce(const Src& src, const typename Src::List
     }
 #pragma unroll
     for (int i = 0; i < NB; ++i)
-      if (lane == k0 + i) svalid[buf * kBlock + warp * KPW + lane] = ok[i] ? 1 : 0;
+      if (lane == k0 + i) svalid[buf * kBlock + warp * kKeysPerWarp + lane] = ok[i] ? 1 : 0;
   }
-  if (Advance && K1 == KPW && lane < KPW) pend = src.entry(list, (b + 1) * kBlock + warp * KPW + lane);
+  if (lane < kKeysPerWarp) pend = src.entry(list, (b + 1) * kBlock + warp * kKeysPerWarp + lane);
 }
 
 // One CTA: token t, head group g, split s (blockIdx.x = (t * head_groups + g) * splits + s).
@@ -658,9 +647,9 @@ template <class Src>
 __global__ void sparse_mla_wg_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
 template <class Src>
 __global__ void sparse_mla_ws_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
-// The producer warps of sparse_mla_ws_kernel, their registers (setmaxnreg), and its block size
-// (the producers, then two consumer warpgroups).
-constexpr int kWsProducerWarps = 4, kWsProducerRegs = 72;
+// The producer warps of sparse_mla_ws_kernel, the registers (setmaxnreg) of a producer and of a
+// consumer thread, and its block size (the producers, then two consumer warpgroups).
+constexpr int kWsProducerWarps = 4, kWsProducerRegs = 72, kWsConsumerRegs = 216;
 constexpr int kWsThreads = 32 * kWsProducerWarps + 256;
 
 // The 64-head tile runs on warpgroup tensor cores (sparse_mla_wgmma.cuh): decode's records with a

@@ -25,14 +25,9 @@
 
 namespace dsv41kv::detail::cuda::mla {
 
-// The 128-byte-swizzled chunk address of a [64 x 512] tile (produce's TileAddr policy).
-struct Sw128Tile {
-  __device__ static uint32_t addr(uint32_t tile, int row, int chunk) { return tile + sw128_offset(kBlock, row, chunk); }
-};
-
 // ---- The staged gather of the producer warpgroup (sparse_mla_ws_kernel). A key's record bytes
 // are copied by cp.async into the key's own row of the free key tile, at chunk slots (16-byte
-// chunks of the row, Sw128Tile order) that its dequantization reads: 16 value bytes per lane at
+// chunks of the row, 128-byte swizzled: sw128_offset) that its dequantization reads: 16 value bytes per lane at
 // slot `lane` (a 288 record: 8 per lane, two lanes a slot), the scale bytes at the slot after the
 // values; a 584 record's bf16 RoPE and a bf16 row land on their final chunks. Once they are in,
 // every lane reads its raw chunk, the warp syncs, and lane l writes the bf16 values of dims
@@ -55,24 +50,24 @@ template <int F>
 __device__ __forceinline__ void copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row, int lane) {
   if constexpr (F == kV4) {
     if (lane < kV4ScaleSlot) {
-      cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+      cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
     } else {  // RoPE dims 448 + 16 j .. : bf16 bytes 448 + 32 j .., final chunks 2 lane, 2 lane + 1
       const uint8_t* rope = v + kNopeDim + 32 * (lane - kV4ScaleSlot);
-      cp_async16_bytes(slot(tile, row, 2 * lane), rope);
-      cp_async16_bytes(slot(tile, row, 2 * lane + 1), rope + 16);
+      cp_async16_sa(slot(tile, row, 2 * lane), rope);
+      cp_async16_sa(slot(tile, row, 2 * lane + 1), rope + 16);
     }
-    if (lane == 0) cp_async8_bytes(slot(tile, row, kV4ScaleSlot), sc);
+    if (lane == 0) cp_async8_sa(slot(tile, row, kV4ScaleSlot), sc);
   } else if constexpr (F == kMx) {
-    cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
-    if (lane == 0) cp_async16_bytes(slot(tile, row, kMxScaleSlot), sc);
+    cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
+    if (lane == 0) cp_async16_sa(slot(tile, row, kMxScaleSlot), sc);
   } else if constexpr (F == kNv) {
-    if (lane < kNvScaleSlot) cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
-    else if (lane < kNvScaleSlot + 2) cp_async16_bytes(slot(tile, row, lane), sc + 16 * (lane - kNvScaleSlot));
+    if (lane < kNvScaleSlot) cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
+    else if (lane < kNvScaleSlot + 2) cp_async16_sa(slot(tile, row, lane), sc + 16 * (lane - kNvScaleSlot));
   } else if constexpr (F == kBf16) {
-    cp_async16_bytes(slot(tile, row, 2 * lane), v + 32 * lane);
-    cp_async16_bytes(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
+    cp_async16_sa(slot(tile, row, 2 * lane), v + 32 * lane);
+    cp_async16_sa(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
   } else {
-    cp_async16_bytes(slot(tile, row, lane), v + 16 * lane);
+    cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
   }
 }
 
@@ -125,16 +120,22 @@ __device__ __forceinline__ void store_chunks_if(bool p, uint32_t tile, int row, 
       : "memory");
 }
 
-// Lane `lane`'s bf16 values over its two chunks (the 584 record's RoPE lanes and bf16 rows are in
-// place already).
+// Lane `lane`'s decoded words over its two chunks of the row (the 584 record's RoPE lanes store
+// nothing: their chunks are in place already).
+template <int F>
+__device__ __forceinline__ void store_decoded(uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
+  if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row, lane, w);
+  else store_chunks(tile, row, lane, w);
+}
+
+// Lane `lane`'s bf16 values over its two chunks (bf16 rows are in place already).
 template <int F>
 __device__ __forceinline__ void decode_raw(float fp8_scale, uint32_t tile, int row, int lane, const uint32_t (&qw)[4],
                                            uint32_t sb) {
   if constexpr (F == kBf16) return;
   uint32_t w[8];
   decode_chunk16<F>(qw, chunk_scale<F>(static_cast<uint8_t>(sb), fp8_scale), w);
-  if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row, lane, w);  // RoPE lanes: in place
-  else store_chunks(tile, row, lane, w);
+  store_decoded<F>(tile, row, lane, w);
 }
 
 // Dims [16 lane, +16) of a key whose source cannot be staged, by read_slot_chunk's register
@@ -189,10 +190,7 @@ __device__ __forceinline__ void stage_decode(uint32_t tile, int row0, int lane, 
         }
         __syncwarp();  // every lane's re-reads (if any) before any lane's stores
 #pragma unroll
-        for (int i = 0; i < kGroup; ++i) {
-          if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row0 + k0 + i, lane, w[i]);
-          else store_chunks(tile, row0 + k0 + i, lane, w[i]);
-        }
+        for (int i = 0; i < kGroup; ++i) store_decoded<F>(tile, row0 + k0 + i, lane, w[i]);
         continue;
       }
 #pragma unroll
@@ -213,15 +211,11 @@ template <int F, int KPW>
 __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
                                                  const uint8_t* sc, float fp8_scale) {
   constexpr int kHalf = KPW / 2;
-  const auto ptr = [&](const uint8_t* x, int k) {
-    return reinterpret_cast<const uint8_t*>(
-        __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
-  };
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll 1
     for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
-      if ((stm >> k) & 1u) copies<F>(ptr(v, k), ptr(sc, k), tile, row0 + k, lane);
+      if ((stm >> k) & 1u) copies<F>(shflptr(v, k), shflptr(sc, k), tile, row0 + k, lane);
     cp_async_commit();
   }
   if constexpr (F == kBf16) {  // in place already
@@ -238,11 +232,10 @@ __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int la
 template <int KPW>
 __device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_t sk, int32_t* svalid, int warp,
                                         int lane, KeyRef pend) {
-  constexpr int kKPW = KPW;
   const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
-  const int row0 = warp * kKPW;
-  // lane k < 16 locates key k once; the warp's copies take the addresses by shuffles
-  const bool ok = lane < kKPW && src.valid(pend);
+  const int row0 = warp * KPW;
+  // lane k < KPW locates key k once; the warp's copies take the addresses by shuffles
+  const bool ok = lane < KPW && src.valid(pend);
   const bool st = ok && src.stageable(pend.src);
   const uint8_t* v = nullptr;
   const uint8_t* sc = nullptr;
@@ -255,23 +248,19 @@ __device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_
     by_format(src.format(s0), [&](auto F) { stage_one_format<F(), KPW>(tile, row0, lane, stm, v, sc, fp8_scale); });
   } else if (stm != 0) {
     // both sources among the staged keys: their copies, then per key its format
-    const auto ptr = [&](const uint8_t* x, int k) {
-      return reinterpret_cast<const uint8_t*>(
-          __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(x)), k));
-    };
     const auto key_src = [&](int k) { return __shfl_sync(0xFFFFFFFFu, pend.src, k); };
 #pragma unroll 1
-    for (int k = 0; k < kKPW; ++k) {
+    for (int k = 0; k < KPW; ++k) {
       if (!((stm >> k) & 1u)) continue;
-      const uint8_t* vk = ptr(v, k);
-      const uint8_t* sck = ptr(sc, k);
+      const uint8_t* vk = shflptr(v, k);
+      const uint8_t* sck = shflptr(sc, k);
       by_format(src.format(key_src(k)), [&](auto F) { copies<F()>(vk, sck, tile, row0 + k, lane); });
     }
     cp_async_commit();
     cp_async_wait<0>();
     __syncwarp();
 #pragma unroll 1
-    for (int k = 0; k < kKPW; ++k) {
+    for (int k = 0; k < KPW; ++k) {
       if (!((stm >> k) & 1u)) continue;
       const int ks = key_src(k);
       by_format(src.format(ks), [&](auto F) {
@@ -286,7 +275,7 @@ __device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_
   // those of a source that cannot be staged by the register reads (a pass of their own: their
   // byte-by-byte form needs registers the staged keys' raw chunks hold above)
 #pragma unroll 1
-  for (uint32_t rest = ~stm & ((1u << kKPW) - 1u); rest != 0; rest &= rest - 1) {
+  for (uint32_t rest = ~stm & ((1u << KPW) - 1u); rest != 0; rest &= rest - 1) {
     const int k = __ffs(rest) - 1;
     uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if ((okm >> k) & 1u) {
@@ -297,7 +286,7 @@ __device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_
     }
     store_chunks(tile, row0 + k, lane, w);
   }
-  if (lane < kKPW) svalid[buf * kBlock + row0 + lane] = ok ? 1 : 0;
+  if (lane < KPW) svalid[buf * kBlock + row0 + lane] = ok ? 1 : 0;
 }
 
 // Prefill's bf16 workspace rows (sparse_mla_wg_kernel, every warp: rows 8 w .. 8 w + 7 of block
@@ -519,8 +508,9 @@ struct WgCta {
 template <class Src>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads p, const Src src) {
 #if defined(DSV41KV_WGMMA)
+  // prefill's rows (decode's records take sparse_mla_ws_kernel: launch_sparse_mla)
+  static_assert(std::is_same_v<Src, WorkspaceSource>);
   using L = WgSmem;
-  constexpr int kNB = 2;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgCta cta(smem_raw, p);
   const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k;
@@ -544,16 +534,11 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
     return;
   }
   // bf16 workspace rows travel by cp.async to their final chunks (staged::produce_rows), in flight
-  // through a whole block's S, softmax and PV; other sources are gathered in two halves by loads
-  constexpr bool kRows = std::is_same_v<Src, WorkspaceSource>;
+  // through a whole block's S, softmax and PV
   KeyRef pend;
   if (lane < kKeysPerWarp) pend = src.entry(list, blo * kBlock + warp * kKeysPerWarp + lane);
-  if constexpr (kRows) {
-    staged::produce_rows(src, list, blo, 0, sk, svalid, warp, lane, pend);
-    cp_async_wait<0>();
-  } else {
-    produce<kNB, Src, Sw128Tile>(src, list, blo, 0, sk, svalid, warp, lane, pend);
-  }
+  staged::produce_rows(src, list, blo, 0, sk, svalid, warp, lane, pend);
+  cp_async_wait<0>();
   fence_proxy_async_shared();  // Q and the first key tile, written by this thread, read by wgmma
 
   // (do-while: at least one block here, and the loop's exit is the only way to the wait below)
@@ -568,13 +553,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
                       // other key tile is free; the S exchange buffer is free
     float s[32];
     wg_issue_scores(s, sq, kt, wg);
-    // the first half of block b + 1 while S runs on the tensor cores, the second half during PV
-    // (rows: all of its copies now)
-    if constexpr (kRows) {
-      if (next) staged::produce_rows(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
-    } else {
-      if (next) produce<kNB, Src, Sw128Tile, 0, kKeysPerWarp / 2>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
-    }
+    // the copies of block b + 1, in flight while this block's S, softmax and PV run
+    if (next) staged::produce_rows(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
     wgmma_wait<0>();
     wgmma_fence_operands(s);  // the compiler keeps every access of s and o after the wait
     wgmma_fence_operands(r.o);
@@ -585,8 +565,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
     wg_softmax(r, s, svalid + cur * kBlock, p.scale, tq, ahi, alo);
     wg_issue_pv(r, ahi, alo, kt, wg);
     if (next) {
-      if constexpr (kRows) cp_async_wait<0>();
-      else produce<kNB, Src, Sw128Tile, kKeysPerWarp / 2, kKeysPerWarp>(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
+      cp_async_wait<0>();
       fence_proxy_async_shared();  // the key tile of block b + 1, read by the next S
     }
   } while (++b < bhi);
@@ -605,8 +584,8 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 // kWsProducerWarps keys a warp: staged::produce, and prefetch the next block's records into L2),
 // the last two warpgroups the consumers of sparse_mla_wg_kernel (S, softmax, PV over their dims).
 // The producers hold no accumulators, so the dequantization no longer competes with the 128 O
-// registers; setmaxnreg gives the consumers 216 registers and the producers the rest of the
-// launch's registers (one producer warpgroup: 72; the staged gather spills at 56). With a second
+// registers; setmaxnreg gives the consumers kWsConsumerRegs and the producers kWsProducerRegs of
+// the launch's registers (one producer warpgroup: 72; the staged gather spills at 56). With a second
 // producer warpgroup (512 threads) ptxas refuses the consumers' m64n256 wgmma ("Insufficient
 // registers (128)": it checks each instruction against the launch cap, setmaxnreg.inc
 // notwithstanding; two m64n128 would compile, docs/changelog.md "Ideas"). The tiles
@@ -618,7 +597,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
   using L = WgSmem;
   constexpr int kKPW = kBlock / kWsProducerWarps, kProducers = 32 * kWsProducerWarps;
   static_assert(kWsProducerWarps % 4 == 0 && kBlock % kWsProducerWarps == 0 && kKPW <= 16);
-  static_assert(kProducers * kWsProducerRegs + 256 * 216 <= 65536 && kWsProducerRegs % 8 == 0);
+  // setmaxnreg redistributes what the launch allocated: 64K / threads a thread, in multiples of 8
+  static_assert(kProducers * kWsProducerRegs + 256 * kWsConsumerRegs <= (65536 / kWsThreads) / 8 * 8 * kWsThreads &&
+                kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgCta cta(smem_raw, p);
   const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k, sbars = cta.sbase + L::bars;
@@ -675,7 +656,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
     return;
   }
   // ---- consumers: consumer warpgroup c owns dims [256 c, +256)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs) : "memory");
   const int c = (warp - kWsProducerWarps) / 4, tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
   WgRows r;
   wg_begin(r);

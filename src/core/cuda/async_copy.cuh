@@ -9,12 +9,13 @@
 namespace dsv41kv::detail::cuda {
 
 // Asynchronous global -> shared copies (sm_80+), their commit and wait (this thread's copies):
-// 16 bytes bypassing L1 (the kv rows; with an L2 policy: kRowsEvictFirst), 4 bytes with an L2
+// 16 bytes bypassing L1 (the kv rows, the attention's records; with an L2 policy: kRowsEvictFirst),
+// 8 bytes, 4 bytes with an L2
 // eviction policy (the RoPE table entries, see l2_policy_evict_last). Builds for older
 // architectures copy synchronously (same results). Every form takes a 32-bit shared-window
 // address (`_sa`).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const void* gmem_src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src, uint64_t pol) {
@@ -36,11 +37,8 @@ __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
-// Byte copies of any 16- / 8-byte aligned source (the attention's record gather).
-__device__ __forceinline__ void cp_async16_bytes(uint32_t d, const void* gmem_src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async8_bytes(uint32_t d, const void* gmem_src) {
+// 8 bytes (an 8-byte aligned source: the 584 record's scales).
+__device__ __forceinline__ void cp_async8_sa(uint32_t d, const void* gmem_src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(d), "l"(gmem_src) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
@@ -49,8 +47,8 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 #else
-__device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src) {
-  *static_cast<float4*>(__cvta_shared_to_generic(d)) = *reinterpret_cast<const float4*>(gmem_src);
+__device__ __forceinline__ void cp_async16_sa(uint32_t d, const void* gmem_src) {
+  *static_cast<float4*>(__cvta_shared_to_generic(d)) = *static_cast<const float4*>(gmem_src);
 }
 __device__ __forceinline__ void cp_async16_sa(uint32_t d, const float* gmem_src, uint64_t) {
   cp_async16_sa(d, gmem_src);
@@ -59,10 +57,7 @@ __device__ __forceinline__ void cp_async4_sa(uint32_t d, const float* gmem_src, 
   *static_cast<float*>(__cvta_shared_to_generic(d)) = *gmem_src;
 }
 __device__ __forceinline__ uint64_t l2_policy_evict_last() { return 0; }
-__device__ __forceinline__ void cp_async16_bytes(uint32_t d, const void* gmem_src) {
-  *static_cast<uint4*>(__cvta_shared_to_generic(d)) = *static_cast<const uint4*>(gmem_src);
-}
-__device__ __forceinline__ void cp_async8_bytes(uint32_t d, const void* gmem_src) {
+__device__ __forceinline__ void cp_async8_sa(uint32_t d, const void* gmem_src) {
   *static_cast<uint2*>(__cvta_shared_to_generic(d)) = *static_cast<const uint2*>(gmem_src);
 }
 __device__ __forceinline__ void cp_async_commit() {}

@@ -142,8 +142,9 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 __device__ __forceinline__ int64_t shfl64(int64_t v, int src) {
   return static_cast<int64_t>(__shfl_sync(0xFFFFFFFFu, static_cast<long long>(v), src));
 }
-__device__ __forceinline__ const float* shflptr(const float* v, int src) {
-  return reinterpret_cast<const float*>(
+template <class T>
+__device__ __forceinline__ const T* shflptr(const T* v, int src) {
+  return reinterpret_cast<const T*>(
       __shfl_sync(0xFFFFFFFFu, static_cast<long long>(reinterpret_cast<uintptr_t>(v)), src));
 }
 
