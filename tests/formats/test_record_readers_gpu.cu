@@ -36,7 +36,35 @@ __global__ void chunk_kernel(const uint8_t* base, int64_t pages, int64_t S, int6
     }
 }
 
+// The 288 record's table decode (decode_chunk16_hw<kNv>: nv_chunk16_table; decode_chunk16_sw when
+// it reports a NaN scale) against num::bf16_encode(mul_rn(e2m1_decode(n), e4m3_decode(s))): every scale
+// byte s (a block) x every 4-nibble pattern x, x in each of the chunk's four 16-bit groups.
+__global__ void nv_table_kernel(unsigned long long* mismatches) {
+  const auto sb = static_cast<uint8_t>(blockIdx.x);
+  const float sc = chunk_scale<kNv>(sb, 0.0f);
+  for (uint32_t x = threadIdx.x; x < 65536u; x += blockDim.x) {
+    const uint32_t qw[4] = {x | (x << 16), x | (x << 16), 0, 0};
+    uint32_t w[8];
+    if (!decode_chunk16_hw<kNv>(qw, sc, w)) decode_chunk16_sw<kNv>(qw, sc, w);
+    for (int k = 0; k < 16; ++k) {
+      const auto n = static_cast<uint8_t>((x >> (4 * (k % 4))) & 0xFu);
+      const uint16_t want = num::bf16_encode(num::mul_rn(num::e2m1_decode(n), num::e4m3_decode(sb)));
+      if (static_cast<uint16_t>(w[k / 2] >> (16 * (k % 2))) != want) {
+        atomicAdd(mismatches, 1ull);
+        return;
+      }
+    }
+  }
+}
+
 class RecordReadersGpu : public GpuTest {};
+
+TEST_F(RecordReadersGpu, NvfpTableDecodeEqualsTheExactDecodeOnEveryScaleAndNibble) {
+  DeviceBuffer<unsigned long long> mism(std::vector<unsigned long long>{0ull});
+  nv_table_kernel<<<256, 256>>>(mism.data());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(mism.download()[0], 0ull) << "threads with a mismatching value";
+}
 
 TEST_F(RecordReadersGpu, ChunkReaderEqualsTheExactReader) {
   for (RecordFormat f : kAllRecordFormats) {
