@@ -45,30 +45,42 @@ static_assert(kV4ScaleSlot < 2 * kNopeDim / 16, "the raw chunks sit below the Ro
 
 __device__ __forceinline__ uint32_t slot(uint32_t tile, int row, int s) { return tile + sw128_offset(kBlock, row, s); }
 
-// Issues the copies of one key (v: its values or row, sc: its scales; warp-uniform).
+// copies split by who knows the addresses: own_copies by the lane that located the key (its
+// scales and the 584 record's bf16 RoPE, no shuffle), value_copies by the warp (the value chunks,
+// one a lane) after one shuffle of the values' address.
 template <int F>
-__device__ __forceinline__ void copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row, int lane) {
+__device__ __forceinline__ void own_copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row) {
   if constexpr (F == kV4) {
-    if (lane < kV4ScaleSlot) {
-      cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-    } else {  // RoPE dims 448 + 16 j .. : bf16 bytes 448 + 32 j .., final chunks 2 lane, 2 lane + 1
-      const uint8_t* rope = v + kNopeDim + 32 * (lane - kV4ScaleSlot);
-      cp_async16_sa(slot(tile, row, 2 * lane), rope);
-      cp_async16_sa(slot(tile, row, 2 * lane + 1), rope + 16);
-    }
-    if (lane == 0) cp_async8_sa(slot(tile, row, kV4ScaleSlot), sc);
+#pragma unroll
+    for (int j = 0; j < kRopeDim / 8; ++j)  // RoPE dims 448 + 8 j ..: bf16 bytes 448 + 16 j, chunk 56 + j
+      cp_async16_sa(slot(tile, row, kNopeDim / 8 + j), v + kNopeDim + 16 * j);
+    cp_async8_sa(slot(tile, row, kV4ScaleSlot), sc);
   } else if constexpr (F == kMx) {
-    cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-    if (lane == 0) cp_async16_sa(slot(tile, row, kMxScaleSlot), sc);
+    cp_async16_sa(slot(tile, row, kMxScaleSlot), sc);
+  } else if constexpr (F == kNv) {
+    cp_async16_sa(slot(tile, row, kNvScaleSlot), sc);
+    cp_async16_sa(slot(tile, row, kNvScaleSlot + 1), sc + 16);
+  }
+}
+template <int F>
+__device__ __forceinline__ void value_copies(const uint8_t* v, uint32_t tile, int row, int lane) {
+  if constexpr (F == kV4) {
+    if (lane < kV4ScaleSlot) cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
   } else if constexpr (F == kNv) {
     if (lane < kNvScaleSlot) cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-    else if (lane < kNvScaleSlot + 2) cp_async16_sa(slot(tile, row, lane), sc + 16 * (lane - kNvScaleSlot));
   } else if constexpr (F == kBf16) {
     cp_async16_sa(slot(tile, row, 2 * lane), v + 32 * lane);
     cp_async16_sa(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
   } else {
     cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
   }
+}
+
+// Issues the copies of one key (v: its values or row, sc: its scales; warp-uniform).
+template <int F>
+__device__ __forceinline__ void copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row, int lane) {
+  if (lane == 0) own_copies<F>(v, sc, tile, row);
+  value_copies<F>(v, tile, row, lane);
 }
 
 // Lane `lane`'s raw bytes of its dims (qw) and their scale byte (sb), from the staged row.
@@ -211,11 +223,14 @@ template <int F, int KPW>
 __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
                                                  const uint8_t* sc, float fp8_scale) {
   constexpr int kHalf = KPW / 2;
+  // each lane k < KPW its own key's scales and RoPE (in the first commit group, so they are in
+  // before either half is decoded), then the warp the value chunks key by key
+  if (lane < KPW && ((stm >> lane) & 1u)) own_copies<F>(v, sc, tile, row0 + lane);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
 #pragma unroll 1
     for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
-      if ((stm >> k) & 1u) copies<F>(shflptr(v, k), shflptr(sc, k), tile, row0 + k, lane);
+      if ((stm >> k) & 1u) value_copies<F>(shflptr(v, k), tile, row0 + k, lane);
     cp_async_commit();
   }
   if constexpr (F == kBf16) {  // in place already
