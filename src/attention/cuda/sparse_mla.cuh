@@ -80,10 +80,16 @@ struct WgSmem {
   static constexpr int kTile = kBlock * kRowBytes;    // one [64 x 512] bf16 tile, 8 sub-tiles [64 x 64]
   static constexpr int q = 0;                         // Q
   static constexpr int k = q + kTile;                 // 2 key tiles
-  static constexpr int x = k + 2 * kTile;             // f32 S partials [2 warpgroups][8][128 threads] float4
+  static constexpr int x = k + 2 * kTile;             // 32 KiB: P and the row values below
   static constexpr int valid = x + 2 * 8 * 128 * 16;  // i32 [2][64]
-  static constexpr int bars = valid + 4 * 2 * kBlock;   // u64 mbarriers: full[2], empty[2] (specialized form)
-  static constexpr int bytes = bars + 4 * 8;
+  static constexpr int bars = valid + 4 * 2 * kBlock;   // u64 mbarriers: full[2], empty[2], pready, pfree,
+                                                        // mlready (specialized form)
+  static constexpr int bytes = bars + 8 * 8;
+  // P hi and P lo ([64 x 64] bf16 each, 128-byte swizzled like a Q sub-tile) from warpgroup 0 to
+  // warpgroup 1 of the consumers, the rescale factor, running max and row sum of each row
+  static constexpr int p_hi = x, p_lo = x + kBlock * 128, alpha = x + 2 * kBlock * 128, m = alpha + 4 * kBlock,
+                       l = m + 4 * kBlock;
+  static_assert(l + 4 * kBlock <= valid && p_lo % 1024 == 0, "P and the row values fit the exchange region");
   static constexpr int alloc = bytes + 1024;          // room to align the base
   static_assert(q % 1024 == 0 && k % 1024 == 0 && x % 1024 == 0, "swizzle atoms are 1024-byte aligned");
   static_assert(alloc <= 227 * 1024, "fits one SM's shared memory");
@@ -647,9 +653,10 @@ template <class Src>
 __global__ void sparse_mla_wg_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
 template <class Src>
 __global__ void sparse_mla_ws_kernel(const Heads p, const Src src);  // sparse_mla_wgmma.cuh
-// The producer warps of sparse_mla_ws_kernel, the registers (setmaxnreg) of a producer and of a
-// consumer thread, and its block size (the producers, then two consumer warpgroups).
-constexpr int kWsProducerWarps = 4, kWsProducerRegs = 72, kWsConsumerRegs = 216;
+// The producer warps of sparse_mla_ws_kernel, the registers (setmaxnreg) of a producer and of
+// each consumer warpgroup's thread, and its block size (the producers, then two consumer
+// warpgroups).
+constexpr int kWsProducerWarps = 4, kWsProducerRegs = 112, kWsFirstConsumerRegs = 232, kWsSecondConsumerRegs = 160;
 constexpr int kWsThreads = 32 * kWsProducerWarps + 256;
 
 // The 64-head tile runs on warpgroup tensor cores (sparse_mla_wgmma.cuh): decode's records with a

@@ -4,18 +4,18 @@
 // mainloop of sparse_mla.cuh does, with the same sources, produce step, epilogue and workspace:
 //   * Q [64 x 512] and two key tiles [64 x 512] (block b + 1 is produced while block b is
 //     consumed) in shared memory, 128-byte swizzled (core/cuda/wgmma.cuh);
-//   * S: warpgroup w computes the partial scores of dims [256 w, 256 w + 256) for all 64 heads x
-//     64 keys (wgmma m64n64k16, Q and K from shared memory); the two partials meet in shared
-//     memory and each warpgroup adds them (fp32 addition commutes: both hold the same S);
-//   * online softmax in registers, the same in both warpgroups (each row of a quad of lanes);
+//   * S: warpgroup 0 computes the scores over all 512 dims for all 64 heads x 64 keys (32
+//     wgmma m64n64k16, Q and K from shared memory);
+//   * online softmax in warpgroup 0's registers (each row of a quad of lanes); P (hi, lo) and each
+//     row's rescale factor go to warpgroup 1 through shared memory (FlashMLA's split);
 //     P = exp(z - m) in fp32 is split into bf16 hi = bf16(P) and lo = bf16(P - hi), the A
 //     operands of two products (P's rounding error, 2^-9 of P for hi alone, becomes ~2^-17);
 //   * O: warpgroup w owns dims [256 w, 256 w + 256) of all 64 rows (128 fp32 registers a thread):
-//     O = alpha O + P_hi V + P_lo V with wgmma m64n256k16, A from registers, B = the key tile read
-//     MN-major (K = V);
-//   * sparse_mla_wg_kernel (prefill's bf16 rows): the next block is gathered by all 8 warps, half
-//     while S of this block runs on the tensor cores (wgmma is asynchronous), half while its PV
-//     runs; its tile is free once both warpgroups' PV of the previous block has completed;
+//     O = alpha O + P_hi V + P_lo V with wgmma m64n256k16, A from registers (warpgroup 0) or from
+//     shared memory (warpgroup 1), B = the key tile read MN-major (K = V);
+//   * sparse_mla_wg_kernel (prefill's bf16 rows): the next block's rows are copied by all 8 warps
+//     (cp.async) while this block's S, softmax and PV run; its tile is free once both
+//     warpgroups' PV of the previous block has completed;
 //   * sparse_mla_ws_kernel (decode's records): a third warpgroup gathers and dequantizes (below).
 #pragma once
 
@@ -172,7 +172,7 @@ __device__ __forceinline__ void by_format(int format, Fn&& fn) {
 // stage_one_format's dequantization of the staged rows (F != kBf16).
 template <int F, int KPW>
 __device__ __forceinline__ void stage_decode(uint32_t tile, int row0, int lane, uint32_t stm, float fp8_scale) {
-  constexpr int kGroup = 2, kHalf = KPW / 2;
+  constexpr int kGroup = 4, kHalf = KPW / 2;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     if (half == 0) cp_async_wait<1>();
@@ -218,7 +218,7 @@ __device__ __forceinline__ void stage_decode(uint32_t tile, int row0, int lane, 
 
 // The staged keys (bit k of `stm`: row KPW w + k) of one format F: their copies in two commit
 // groups of KPW / 2 keys, so the second half is in flight while the first is decoded
-// (stage_decode: two keys at a time, their raw chunks read, the warp synced, then overwritten).
+// (stage_decode: kGroup keys at a time, their raw chunks read, the warp synced, then overwritten).
 template <int F, int KPW>
 __device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
                                                  const uint8_t* sc, float fp8_scale) {
@@ -350,40 +350,11 @@ __device__ __forceinline__ void wg_begin(WgRows& r) {
   for (int i = 0; i < 128; ++i) r.o[i] = 0.0f;
 }
 
-// Issues S_c = Q K^T over dims [256 c, +256) of key tile kt: 16 k-steps of 16 dims, 4 per 64-dim
-// sub-tile (committed, not waited for).
-__device__ __forceinline__ void wg_issue_scores(float (&s)[32], uint32_t sq, uint32_t kt, int c) {
-  wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < 16; ++kk) {
-    const uint32_t off = static_cast<uint32_t>((4 * c + kk / 4) * (kBlock * 128) + (kk % 4) * 32);
-    wgmma_m64n64k16_ss<0>(s, sw128_desc(sq + off, 16, 1024), sw128_desc(kt + off, 16, 1024), kk > 0 ? 1 : 0);
-  }
-  wgmma_commit();
-}
-
-// The exchange of the two partials: put this warpgroup's, then (after a barrier over both) add the
-// other's, so that both hold S = S_0 + S_1 (fp32 addition commutes: the same bits).
-__device__ __forceinline__ void wg_put_scores(const float (&s)[32], float4* sx, int c, int wt) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) sx[(c * 8 + j) * 128 + wt] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-}
-__device__ __forceinline__ void wg_add_scores(float (&s)[32], const float4* sx, int c, int wt) {
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float4 v = sx[((c ^ 1) * 8 + j) * 128 + wt];
-    s[4 * j] += v.x;
-    s[4 * j + 1] += v.y;
-    s[4 * j + 2] += v.z;
-    s[4 * j + 3] += v.w;
-  }
-}
-
 // The online softmax of one block: scale, mask (valid[key] == 0: -inf), the running max of both
 // rows (a quad of lanes holds a row), O and l rescaled, P = exp(z - m) into the hi / lo A fragments
 // of the block's 4 k-steps of 16 keys, l += the fp32 weights.
 __device__ __forceinline__ void wg_softmax(WgRows& r, float (&s)[32], const int32_t* valid, float scale, int tq,
-                                           uint32_t (&ahi)[4][4], uint32_t (&alo)[4][4]) {
+                                           uint32_t (&ahi)[4][4], uint32_t (&alo)[4][4], float (&alpha)[2]) {
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   float mx[2] = {kNegInf, kNegInf};
 #pragma unroll
@@ -395,7 +366,6 @@ __device__ __forceinline__ void wg_softmax(WgRows& r, float (&s)[32], const int3
       s[4 * j + x] = z;
       mx[x / 2] = fmaxf(mx[x / 2], z);
     }
-  float alpha[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFFu, mx[i], 1));
@@ -441,6 +411,47 @@ __device__ __forceinline__ void wg_issue_pv(WgRows& r, uint32_t (&ahi)[4][4], ui
   for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(r.o, ahi[kk], sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) wgmma_m64n256k16_rs<1>(r.o, alo[kk], sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
+  wgmma_commit();
+}
+
+// Issues S = Q K^T over all 512 dims of key tile kt (32 k-steps; the specialized form's first
+// consumer, which alone computes S).
+__device__ __forceinline__ void wg_issue_scores_full(float (&s)[32], uint32_t sq, uint32_t kt) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 32; ++kk) {
+    const uint32_t off = static_cast<uint32_t>((kk / 4) * (kBlock * 128) + (kk % 4) * 32);
+    wgmma_m64n64k16_ss<0>(s, sw128_desc(sq + off, 16, 1024), sw128_desc(kt + off, 16, 1024), kk > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// This thread's P fragments (rows row0, row0 + 8; keys 8 j + 2 tq, + 1 of n8 tile j) into the
+// swizzled [64 x 64] bf16 tiles sp (hi) and splo (lo): the A operand of the other consumer's PV.
+__device__ __forceinline__ void wg_put_p(const uint32_t (&ahi)[4][4], const uint32_t (&alo)[4][4], uint32_t sp,
+                                         uint32_t splo, int row0, int tq) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t off = sw128_offset(kBlock, row0 + 8 * i, j) + static_cast<uint32_t>(4 * tq);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sp + off), "r"(ahi[j / 2][2 * (j % 2) + i]) : "memory");
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(splo + off), "r"(alo[j / 2][2 * (j % 2) + i]) : "memory");
+    }
+}
+
+// O += P_hi V + P_lo V over dims [256 c, +256) of key tile kt with P from shared memory (the
+// specialized form's second consumer).
+__device__ __forceinline__ void wg_issue_pv_smem(WgRows& r, uint32_t sp, uint32_t splo, uint32_t kt, int c) {
+  wgmma_fence_operands(r.o);
+  wgmma_fence();
+  const uint32_t v = kt + static_cast<uint32_t>(4 * c * kBlock * 128);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss<1>(r.o, sw128_desc(sp + kk * 32, 16, 1024), sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_m64n256k16_ss<1>(r.o, sw128_desc(splo + kk * 32, 16, 1024), sw128_desc(v + kk * 2048, kBlock * 128, 1024), 1);
   wgmma_commit();
 }
 
@@ -529,12 +540,19 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgCta cta(smem_raw, p);
   const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k;
-  float4* sx = reinterpret_cast<float4*>(cta.smem + L::x);
+  const uint32_t sp = cta.sbase + L::p_hi, splo = cta.sbase + L::p_lo, pready = cta.sbase + L::bars + 32u;
+  float* salpha = reinterpret_cast<float*>(cta.smem + L::alpha);
+  float* sm = reinterpret_cast<float*>(cta.smem + L::m);
+  float* sl = reinterpret_cast<float*>(cta.smem + L::l);
   int32_t* svalid = reinterpret_cast<int32_t*>(cta.smem + L::valid);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int wg = warp / 4, wt = static_cast<int>(threadIdx.x) % 128;
+  const int wg = warp / 4;
   const int tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
 
+  if (threadIdx.x == 0) {
+    mbarrier_init_count(pready, 128);  // warpgroup 0's P of a block is stored
+    mbarrier_init_fence();
+  }
   pdl_wait();
   cta.load_q(p, kThreads);
   const typename Src::List list = src.begin(cta.t);
@@ -556,29 +574,48 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
   cp_async_wait<0>();
   fence_proxy_async_shared();  // Q and the first key tile, written by this thread, read by wgmma
 
+  // The consumers split as sparse_mla_ws_kernel's (the same S, softmax and PV instructions, so
+  // decode and prefill give the same bits): warpgroup 0 computes S over all dims and the softmax
+  // and hands P and the rescale factors to warpgroup 1 through shared memory (pready); each runs
+  // the PV of its half of the dims.
   // (do-while: at least one block here, and the loop's exit is the only way to the wait below)
   int64_t b = blo;
   do {
-    const int cur = static_cast<int>((b - blo) & 1);
+    const int it = static_cast<int>(b - blo), cur = it & 1;
     const uint32_t kt = sk + static_cast<uint32_t>(cur * L::kTile);
     const bool next = b + 1 < bhi;
     wgmma_wait<0>();  // this warpgroup's PV of block b - 1
     wgmma_fence_operands(r.o);
     __syncthreads();  // (A) key tile `cur` stored by every warp; both PVs of block b - 1 done, so the
-                      // other key tile is free; the S exchange buffer is free
+                      // other key tile and the P buffers are free
     float s[32];
-    wg_issue_scores(s, sq, kt, wg);
+    if (wg == 0) wg_issue_scores_full(s, sq, kt);
     // the copies of block b + 1, in flight while this block's S, softmax and PV run
     if (next) staged::produce_rows(src, list, b + 1, cur ^ 1, sk, svalid, warp, lane, pend);
-    wgmma_wait<0>();
-    wgmma_fence_operands(s);  // the compiler keeps every access of s and o after the wait
-    wgmma_fence_operands(r.o);
-    wg_put_scores(s, sx, wg, wt);
-    __syncthreads();  // (B)
-    wg_add_scores(s, sx, wg, wt);
-    uint32_t ahi[4][4], alo[4][4];
-    wg_softmax(r, s, svalid + cur * kBlock, p.scale, tq, ahi, alo);
-    wg_issue_pv(r, ahi, alo, kt, wg);
+    if (wg == 0) {
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);  // the compiler keeps every access of s and o after the wait
+      wgmma_fence_operands(r.o);
+      uint32_t ahi[4][4], alo[4][4];
+      float alpha[2];
+      wg_softmax(r, s, svalid + cur * kBlock, p.scale, tq, ahi, alo, alpha);
+      wg_put_p(ahi, alo, sp, splo, row0, tq);
+      if (tq == 0) salpha[row0] = alpha[0], salpha[row0 + 8] = alpha[1];
+      fence_proxy_async_shared();  // P, read by warpgroup 1's wgmma
+      mbarrier_arrive(pready);
+      wg_issue_pv(r, ahi, alo, kt, 0);
+    } else {
+      mbarrier_wait_parity(pready, static_cast<uint32_t>(it & 1));
+      const float a0 = salpha[row0], a1 = salpha[row0 + 8];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        r.o[4 * j] *= a0;
+        r.o[4 * j + 1] *= a0;
+        r.o[4 * j + 2] *= a1;
+        r.o[4 * j + 3] *= a1;
+      }
+      wg_issue_pv_smem(r, sp, splo, kt, 1);
+    }
     if (next) {
       cp_async_wait<0>();
       fence_proxy_async_shared();  // the key tile of block b + 1, read by the next S
@@ -586,6 +623,23 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
   } while (++b < bhi);
   wgmma_wait<0>();
   wgmma_fence_operands(r.o);
+  if (wg == 0) {  // each row's max and (whole) sum for warpgroup 1's epilogue
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float l = r.l[i];
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+      if (tq == 0) sm[row0 + 8 * i] = r.m[i], sl[row0 + 8 * i] = l;
+    }
+  }
+  __syncthreads();
+  if (wg == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // wg_store sums l over the quad: the whole sum in one lane
+      r.m[i] = sm[row0 + 8 * i];
+      r.l[i] = tq == 0 ? sl[row0 + 8 * i] : 0.0f;
+    }
+  }
   pdl_allow_dependents();
   wg_store(p, r, cta.t, cta.split, cta.h0, row0, wg, tq);
 #else
@@ -597,15 +651,14 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 // The warp-specialized form of the same product: kWsThreads threads, the first kWsProducerWarps
 // warps the producers (stage and dequantize each block into a free key tile, kBlock /
 // kWsProducerWarps keys a warp: staged::produce, and prefetch the next block's records into L2),
-// the last two warpgroups the consumers of sparse_mla_wg_kernel (S, softmax, PV over their dims).
-// The producers hold no accumulators, so the dequantization no longer competes with the 128 O
-// registers; setmaxnreg gives the consumers kWsConsumerRegs and the producers kWsProducerRegs of
-// the launch's registers (one producer warpgroup: 72; the staged gather spills at 56). With a second
-// producer warpgroup (512 threads) ptxas refuses the consumers' m64n256 wgmma ("Insufficient
-// registers (128)": it checks each instruction against the launch cap, setmaxnreg.inc
-// notwithstanding; two m64n128 would compile, docs/changelog.md "Ideas"). The tiles
-// are handed over with mbarriers: full[buf] (every producer thread arrives after its stores) and
-// empty[buf] (256 consumer arrivals once their PV of the tile's block is done).
+// then two consumer warpgroups split as FlashMLA splits them (below): the first computes S and the
+// softmax and holds S, P and its half of O (kWsFirstConsumerRegs), the second only its half of O
+// (kWsSecondConsumerRegs), so setmaxnreg leaves the producers kWsProducerRegs (the staged gather
+// converts kGroup keys at a time with them). A second producer warpgroup (512 threads) would need
+// m64n128 PV instructions: ptxas checks each instruction against the launch cap of 64K / threads,
+// setmaxnreg.inc notwithstanding (docs/changelog.md, "Ideas"). The tiles are handed over with
+// mbarriers: full[buf] (every producer thread arrives after its stores) and empty[buf] (256
+// consumer arrivals once each consumer's PV of the tile's block is done).
 template <class Src>
 __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Heads p, const Src src) {
 #if defined(DSV41KV_WGMMA)
@@ -613,23 +666,26 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
   constexpr int kKPW = kBlock / kWsProducerWarps, kProducers = 32 * kWsProducerWarps;
   static_assert(kWsProducerWarps % 4 == 0 && kBlock % kWsProducerWarps == 0 && kKPW <= 16);
   // setmaxnreg redistributes what the launch allocated: 64K / threads a thread, in multiples of 8
-  static_assert(kProducers * kWsProducerRegs + 256 * kWsConsumerRegs <= (65536 / kWsThreads) / 8 * 8 * kWsThreads &&
-                kWsProducerRegs % 8 == 0 && kWsConsumerRegs % 8 == 0);
+  static_assert(kProducers * kWsProducerRegs + 128 * (kWsFirstConsumerRegs + kWsSecondConsumerRegs) <=
+                    (65536 / kWsThreads) / 8 * 8 * kWsThreads &&
+                kWsProducerRegs % 8 == 0 && kWsFirstConsumerRegs % 8 == 0 && kWsSecondConsumerRegs % 8 == 0);
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const WgCta cta(smem_raw, p);
   const uint32_t sq = cta.sbase + L::q, sk = cta.sbase + L::k, sbars = cta.sbase + L::bars;
-  float4* sx = reinterpret_cast<float4*>(cta.smem + L::x);
   int32_t* svalid = reinterpret_cast<int32_t*>(cta.smem + L::valid);
   const auto full = [&](int buf) { return sbars + 8u * static_cast<uint32_t>(buf); };
   const auto empty = [&](int buf) { return sbars + 16u + 8u * static_cast<uint32_t>(buf); };
   const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid / 32, lane = tid % 32, wt = tid % 128;
+  const int warp = tid / 32, lane = tid % 32;
 
   if (tid == 0) {
     mbarrier_init_count(full(0), kProducers);
     mbarrier_init_count(full(1), kProducers);
     mbarrier_init_count(empty(0), 256);
     mbarrier_init_count(empty(1), 256);
+    mbarrier_init_count(sbars + 32u, 128);  // pready: the first consumer's P of a block is stored
+    mbarrier_init_count(sbars + 40u, 128);  // pfree: the second consumer's PV of a block is done
+    mbarrier_init_count(sbars + 48u, 128);  // mlready: the rows' max and sum, after the last block
     mbarrier_init_fence();
   }
   pdl_wait();
@@ -670,39 +726,100 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
     }
     return;
   }
-  // ---- consumers: consumer warpgroup c owns dims [256 c, +256)
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsConsumerRegs) : "memory");
+  // ---- consumers: consumer warpgroup c owns dims [256 c, +256) of O. The first (c = 0) alone
+  // computes S over all dims and the softmax, hands P (hi, lo) and each row's rescale factor to the
+  // second through shared memory (pready / pfree), and runs its PV with P from registers; the
+  // second only rescales and runs its PV with P from shared memory (FlashMLA's split: no S
+  // exchange, and the second holds little beside O, so the producer gets the registers).
   const int c = (warp - kWsProducerWarps) / 4, tq = lane % 4, row0 = 16 * (warp % 4) + lane / 4;
-  WgRows r;
-  wg_begin(r);
-  if (blo >= bhi) {
-    pdl_allow_dependents();
-    wg_store(p, r, cta.t, cta.split, cta.h0, row0, c, tq);
-    return;
-  }
-  int64_t b = blo;
-  do {
-    const int it = static_cast<int>(b - blo), buf = it & 1;
-    const uint32_t kt = sk + static_cast<uint32_t>(buf * L::kTile);
-    mbarrier_wait_parity(full(buf), static_cast<uint32_t>((it >> 1) & 1));
-    float s[32];
-    wg_issue_scores(s, sq, kt, c);
-    wgmma_wait<0>();  // S(b), and PV(b - 1) before it
-    wgmma_fence_operands(s);
+  const uint32_t sp = cta.sbase + L::p_hi, splo = cta.sbase + L::p_lo;
+  float* salpha = reinterpret_cast<float*>(cta.smem + L::alpha);
+  float* sm = reinterpret_cast<float*>(cta.smem + L::m);
+  float* sl = reinterpret_cast<float*>(cta.smem + L::l);
+  const uint32_t pready = sbars + 32u, pfree = sbars + 40u, mlready = sbars + 48u;
+  // (each consumer's path whole from its setmaxnreg on: code after a join of the two would be
+  // allocated for the smaller count)
+  if (c == 0) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsFirstConsumerRegs) : "memory");
+    WgRows r;
+    wg_begin(r);
+    if (blo >= bhi) {
+      pdl_allow_dependents();
+      wg_store(p, r, cta.t, cta.split, cta.h0, row0, 0, tq);
+      return;
+    }
+    int64_t b = blo;
+    do {
+      const int it = static_cast<int>(b - blo), buf = it & 1;
+      const uint32_t kt = sk + static_cast<uint32_t>(buf * L::kTile);
+      mbarrier_wait_parity(full(buf), static_cast<uint32_t>((it >> 1) & 1));
+      float s[32];
+      wg_issue_scores_full(s, sq, kt);
+      wgmma_wait<0>();  // S(b), and PV(b - 1) before it
+      wgmma_fence_operands(s);
+      wgmma_fence_operands(r.o);
+      if (it > 0) mbarrier_arrive(empty(buf ^ 1));  // block b - 1's tile: this warpgroup is done with it
+      uint32_t ahi[4][4], alo[4][4];
+      float alpha[2];
+      wg_softmax(r, s, svalid + buf * kBlock, p.scale, tq, ahi, alo, alpha);
+      if (it > 0) mbarrier_wait_parity(pfree, static_cast<uint32_t>((it - 1) & 1));  // P(b - 1) read
+      wg_put_p(ahi, alo, sp, splo, row0, tq);
+      if (tq == 0) salpha[row0] = alpha[0], salpha[row0 + 8] = alpha[1];
+      fence_proxy_async_shared();  // P, read by the other warpgroup's wgmma
+      mbarrier_arrive(pready);
+      wg_issue_pv(r, ahi, alo, kt, 0);
+    } while (++b < bhi);
+    wgmma_wait<0>();
     wgmma_fence_operands(r.o);
-    if (it > 0) mbarrier_arrive(empty(buf ^ 1));  // block b - 1's tile is free
-    wg_put_scores(s, sx, c, wt);
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");
-    wg_add_scores(s, sx, c, wt);
-    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // both read: the exchange buffer is free again
-    uint32_t ahi[4][4], alo[4][4];
-    wg_softmax(r, s, svalid + buf * kBlock, p.scale, tq, ahi, alo);
-    wg_issue_pv(r, ahi, alo, kt, c);
-  } while (++b < bhi);
-  wgmma_wait<0>();
-  wgmma_fence_operands(r.o);
-  pdl_allow_dependents();
-  wg_store(p, r, cta.t, cta.split, cta.h0, row0, c, tq);
+    // each row's max and (whole) sum for the other warpgroup's epilogue
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float l = r.l[i];
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 1);
+      l += __shfl_xor_sync(0xFFFFFFFFu, l, 2);
+      if (tq == 0) sm[row0 + 8 * i] = r.m[i], sl[row0 + 8 * i] = l;
+    }
+    mbarrier_arrive(mlready);
+    pdl_allow_dependents();
+    wg_store(p, r, cta.t, cta.split, cta.h0, row0, 0, tq);
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsSecondConsumerRegs) : "memory");
+    WgRows r;
+    wg_begin(r);
+    if (blo >= bhi) {
+      pdl_allow_dependents();
+      wg_store(p, r, cta.t, cta.split, cta.h0, row0, 1, tq);
+      return;
+    }
+    int64_t b = blo;
+    do {
+      const int it = static_cast<int>(b - blo), buf = it & 1;
+      const uint32_t kt = sk + static_cast<uint32_t>(buf * L::kTile);
+      mbarrier_wait_parity(full(buf), static_cast<uint32_t>((it >> 1) & 1));  // V(b)
+      mbarrier_wait_parity(pready, static_cast<uint32_t>(it & 1));            // P(b)
+      const float a0 = salpha[row0], a1 = salpha[row0 + 8];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        r.o[4 * j] *= a0;
+        r.o[4 * j + 1] *= a0;
+        r.o[4 * j + 2] *= a1;
+        r.o[4 * j + 3] *= a1;
+      }
+      wg_issue_pv_smem(r, sp, splo, kt, 1);
+      wgmma_wait<0>();
+      wgmma_fence_operands(r.o);
+      mbarrier_arrive(empty(buf));  // block b's tile: this warpgroup is done with it
+      mbarrier_arrive(pfree);       // and with P(b)
+    } while (++b < bhi);
+    mbarrier_wait_parity(mlready, 0u);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // wg_store sums l over the quad: the whole sum in one lane
+      r.m[i] = sm[row0 + 8 * i];
+      r.l[i] = tq == 0 ? sl[row0 + 8 * i] : 0.0f;
+    }
+    pdl_allow_dependents();
+    wg_store(p, r, cta.t, cta.split, cta.h0, row0, 1, tq);
+  }
 #else
   __trap();
 #endif
