@@ -243,8 +243,9 @@ struct CacheSource {
             c ? cmp.fp8_scale : swa.fp8_scale, c ? cmp.aligned : swa.aligned};
   }
   __device__ int format(int src) const { return src == 0 ? cmp.format : swa.format; }
-  // Whether source `src`'s records can be staged by cp.async (sparse_mla_wgmma.cuh, staged::):
-  // values, scales and rows 16-byte aligned (the 584 record's 8 scale bytes: 8).
+  // Whether source `src`'s records can be read by the vector loads and cp.async copies of the
+  // 64-head gather (sparse_mla_wgmma.cuh, direct::): values, scales and rows 16-byte aligned (the
+  // 584 record's 8 scale bytes: 8).
   __device__ bool stageable(int src) const {
     const KeySource c = source(src);
     return c.aligned && (format(src) != kNv || c.page_stride % 16 == 0);

@@ -25,93 +25,12 @@
 
 namespace dsv41kv::detail::cuda::mla {
 
-// ---- The staged gather of the producer warpgroup (sparse_mla_ws_kernel). A key's record bytes
-// are copied by cp.async into the key's own row of the free key tile, at chunk slots (16-byte
-// chunks of the row, 128-byte swizzled: sw128_offset) that its dequantization reads: 16 value bytes per lane at
-// slot `lane` (a 288 record: 8 per lane, two lanes a slot), the scale bytes at the slot after the
-// values; a 584 record's bf16 RoPE and a bf16 row land on their final chunks. Once they are in,
-// every lane reads its raw chunk, the warp syncs, and lane l writes the bf16 values of dims
-// [16 l, 16 l + 16) over slots 2 l, 2 l + 1 of the same row (decode_chunk16: the bits of
-// read_record_chunk16). So every copy of a warp's 16 keys is in flight at once (the register loads
-// of CacheSource::read hold two keys a warp), and the block waits on one round trip, not eight.
-// A source whose values, scales or rows are not all 16-byte aligned (8 for the 584 record's
-// scales) is read by read_slot_chunk instead (CacheSource::stageable).
+// ---- Shared-memory helpers of the key tiles, the fallback read and prefill's row copies.
 namespace staged {
-constexpr int kV4ScaleSlot = kNopeDim / 16;                    // 28 fp8 value chunks, then the scales
-constexpr int kMxScaleSlot = Mxfp8Layout::kValueBytes / 16;    // 32
-constexpr int kNvScaleSlot = Nvfp4Layout::kValueBytes / 16;    // 16 (two slots of scales)
-static_assert(V4Layout::kScaleBytes == 8 && Mxfp8Layout::kScaleBytes == 16 && Nvfp4Layout::kScaleBytes == 32);
-static_assert(kV4ScaleSlot < 2 * kNopeDim / 16, "the raw chunks sit below the RoPE chunks 56..63");
-
+// The address of 16-byte slot s of a row of a [kBlock x 512] bf16 key tile (128-byte swizzled).
 __device__ __forceinline__ uint32_t slot(uint32_t tile, int row, int s) { return tile + sw128_offset(kBlock, row, s); }
 
-// copies split by who knows the addresses: own_copies by the lane that located the key (its
-// scales and the 584 record's bf16 RoPE, no shuffle), value_copies by the warp (the value chunks,
-// one a lane) after one shuffle of the values' address.
-template <int F>
-__device__ __forceinline__ void own_copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row) {
-  if constexpr (F == kV4) {
-#pragma unroll
-    for (int j = 0; j < kRopeDim / 8; ++j)  // RoPE dims 448 + 8 j ..: bf16 bytes 448 + 16 j, chunk 56 + j
-      cp_async16_sa(slot(tile, row, kNopeDim / 8 + j), v + kNopeDim + 16 * j);
-    cp_async8_sa(slot(tile, row, kV4ScaleSlot), sc);
-  } else if constexpr (F == kMx) {
-    cp_async16_sa(slot(tile, row, kMxScaleSlot), sc);
-  } else if constexpr (F == kNv) {
-    cp_async16_sa(slot(tile, row, kNvScaleSlot), sc);
-    cp_async16_sa(slot(tile, row, kNvScaleSlot + 1), sc + 16);
-  }
-}
-template <int F>
-__device__ __forceinline__ void value_copies(const uint8_t* v, uint32_t tile, int row, int lane) {
-  if constexpr (F == kV4) {
-    if (lane < kV4ScaleSlot) cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-  } else if constexpr (F == kNv) {
-    if (lane < kNvScaleSlot) cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-  } else if constexpr (F == kBf16) {
-    cp_async16_sa(slot(tile, row, 2 * lane), v + 32 * lane);
-    cp_async16_sa(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
-  } else {
-    cp_async16_sa(slot(tile, row, lane), v + 16 * lane);
-  }
-}
-
-// Issues the copies of one key (v: its values or row, sc: its scales; warp-uniform).
-template <int F>
-__device__ __forceinline__ void copies(const uint8_t* v, const uint8_t* sc, uint32_t tile, int row, int lane) {
-  if (lane == 0) own_copies<F>(v, sc, tile, row);
-  value_copies<F>(v, tile, row, lane);
-}
-
-// Lane `lane`'s raw bytes of its dims (qw) and their scale byte (sb), from the staged row.
-template <int F>
-__device__ __forceinline__ void load_raw(uint32_t tile, int row, int lane, uint32_t (&qw)[4], uint32_t& sb) {
-  if constexpr (F == kBf16) return;
-  uint32_t a = slot(tile, row, lane), b = 0;
-  if constexpr (F == kV4) {
-    // the RoPE lanes (>= 28) read and decode bytes of their row too (no divergent branch) and
-    // store nothing (decode_raw); their scale byte is one of the row's scales
-    b = slot(tile, row, kV4ScaleSlot) + static_cast<uint32_t>((lane / 4) & 7);
-  } else if constexpr (F == kMx) {
-    b = slot(tile, row, kMxScaleSlot) + static_cast<uint32_t>(lane / 2);
-  } else if constexpr (F == kNv) {
-    a = slot(tile, row, lane / 2) + static_cast<uint32_t>(8 * (lane % 2));
-    b = slot(tile, row, kNvScaleSlot + lane / 16) + static_cast<uint32_t>(lane % 16);
-  }
-  if constexpr (F == kNv) {
-    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(qw[0]), "=r"(qw[1]) : "r"(a) : "memory");
-  } else {
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(qw[0]), "=r"(qw[1]), "=r"(qw[2]), "=r"(qw[3])
-                 : "r"(a)
-                 : "memory");
-  }
-  if constexpr (F != kFp8) asm volatile("ld.shared.u8 %0, [%1];" : "=r"(sb) : "r"(b) : "memory");
-  if constexpr (F == kV4) {
-    if (lane >= kV4ScaleSlot) qw[0] = qw[1] = qw[2] = qw[3] = 0;  // no NaN byte on those lanes
-  }
-}
-
+// Lane `lane`'s 16 bf16 dims [16 lane, +16) of a row (slots 2 lane, 2 lane + 1).
 __device__ __forceinline__ void store_chunks(uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
   asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(slot(tile, row, 2 * lane)), "r"(w[0]), "r"(w[1]),
                "r"(w[2]), "r"(w[3])
@@ -121,38 +40,9 @@ __device__ __forceinline__ void store_chunks(uint32_t tile, int row, int lane, c
                : "memory");
 }
 
-// store_chunks where `p` holds (predicated, not branched).
-__device__ __forceinline__ void store_chunks_if(bool p, uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
-  asm volatile(
-      "{\n .reg .pred q;\n setp.ne.b32 q, %10, 0;\n"
-      " @q st.shared.v4.u32 [%0], {%2, %3, %4, %5};\n"
-      " @q st.shared.v4.u32 [%1], {%6, %7, %8, %9};\n}"
-      ::"r"(slot(tile, row, 2 * lane)), "r"(slot(tile, row, 2 * lane + 1)), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]),
-      "r"(w[4]), "r"(w[5]), "r"(w[6]), "r"(w[7]), "r"(static_cast<uint32_t>(p))
-      : "memory");
-}
-
-// Lane `lane`'s decoded words over its two chunks of the row (the 584 record's RoPE lanes store
-// nothing: their chunks are in place already).
-template <int F>
-__device__ __forceinline__ void store_decoded(uint32_t tile, int row, int lane, const uint32_t (&w)[8]) {
-  if constexpr (F == kV4) store_chunks_if(lane < kV4ScaleSlot, tile, row, lane, w);
-  else store_chunks(tile, row, lane, w);
-}
-
-// Lane `lane`'s bf16 values over its two chunks (bf16 rows are in place already).
-template <int F>
-__device__ __forceinline__ void decode_raw(float fp8_scale, uint32_t tile, int row, int lane, const uint32_t (&qw)[4],
-                                           uint32_t sb) {
-  if constexpr (F == kBf16) return;
-  uint32_t w[8];
-  decode_chunk16<F>(qw, chunk_scale<F>(static_cast<uint8_t>(sb), fp8_scale), w);
-  store_decoded<F>(tile, row, lane, w);
-}
-
-// Dims [16 lane, +16) of a key whose source cannot be staged, by read_slot_chunk's register
-// reads (byte by byte where unaligned): a call of its own, so that its registers are the call's
-// and not the staged loop's (the path of unusual strides only).
+// Dims [16 lane, +16) of a key whose source cannot be read by vector loads, by read_slot_chunk's
+// register reads (byte by byte where unaligned): a call of its own, so that its registers are the
+// call's and not the gather loop's (the path of unusual strides only).
 static __device__ __noinline__ void unstaged_chunk(int format, KeySource c, int32_t e, int lane, uint32_t (&w)[8]) {
   read_slot_chunk(format, c, e, lane, w);
 }
@@ -169,145 +59,11 @@ __device__ __forceinline__ void by_format(int format, Fn&& fn) {
   }
 }
 
-// stage_one_format's dequantization of the staged rows (F != kBf16).
-template <int F, int KPW>
-__device__ __forceinline__ void stage_decode(uint32_t tile, int row0, int lane, uint32_t stm, float fp8_scale) {
-  constexpr int kGroup = 4, kHalf = KPW / 2;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    if (half == 0) cp_async_wait<1>();
-    else cp_async_wait<0>();
-    __syncwarp();  // every lane's copies of this half are in shared memory
-#pragma unroll 1
-    for (int k0 = kHalf * half; k0 < kHalf * half + kHalf; k0 += kGroup) {
-      uint32_t qw[kGroup][4] = {}, sb[kGroup] = {};
-      if (((stm >> k0) & ((1u << kGroup) - 1u)) == (1u << kGroup) - 1u) {
-        // every key of the group staged: no branch between their conversions (they interleave),
-        // one test for a NaN among them
-#pragma unroll
-        for (int i = 0; i < kGroup; ++i) load_raw<F>(tile, row0 + k0 + i, lane, qw[i], sb[i]);
-        __syncwarp();  // the raw chunks are read before any lane overwrites them
-        uint32_t w[kGroup][8];
-        bool ok = true;
-#pragma unroll
-        for (int i = 0; i < kGroup; ++i)
-          ok = decode_chunk16_hw<F>(qw[i], chunk_scale<F>(static_cast<uint8_t>(sb[i]), fp8_scale), w[i]) && ok;
-        if (!ok) {  // (rare) the raw chunks again, still in place: none is stored yet
-#pragma unroll
-          for (int i = 0; i < kGroup; ++i) {
-            uint32_t rq[4] = {}, rs = 0;
-            load_raw<F>(tile, row0 + k0 + i, lane, rq, rs);
-            decode_chunk16_sw<F>(rq, chunk_scale<F>(static_cast<uint8_t>(rs), fp8_scale), w[i]);
-          }
-        }
-        __syncwarp();  // every lane's re-reads (if any) before any lane's stores
-#pragma unroll
-        for (int i = 0; i < kGroup; ++i) store_decoded<F>(tile, row0 + k0 + i, lane, w[i]);
-        continue;
-      }
-#pragma unroll
-      for (int i = 0; i < kGroup; ++i)
-        if ((stm >> (k0 + i)) & 1u) load_raw<F>(tile, row0 + k0 + i, lane, qw[i], sb[i]);
-      __syncwarp();  // the raw chunks are read before any lane overwrites them
-#pragma unroll
-      for (int i = 0; i < kGroup; ++i)
-        if ((stm >> (k0 + i)) & 1u) decode_raw<F>(fp8_scale, tile, row0 + k0 + i, lane, qw[i], sb[i]);
-    }
-  }
-}
-
-// The staged keys (bit k of `stm`: row KPW w + k) of one format F: their copies in two commit
-// groups of KPW / 2 keys, so the second half is in flight while the first is decoded
-// (stage_decode: kGroup keys at a time, their raw chunks read, the warp synced, then overwritten).
-template <int F, int KPW>
-__device__ __forceinline__ void stage_one_format(uint32_t tile, int row0, int lane, uint32_t stm, const uint8_t* v,
-                                                 const uint8_t* sc, float fp8_scale) {
-  constexpr int kHalf = KPW / 2;
-  // each lane k < KPW its own key's scales and RoPE (in the first commit group, so they are in
-  // before either half is decoded), then the warp the value chunks key by key
-  if (lane < KPW && ((stm >> lane) & 1u)) own_copies<F>(v, sc, tile, row0 + lane);
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-#pragma unroll 1
-    for (int k = kHalf * half; k < kHalf * half + kHalf; ++k)
-      if ((stm >> k) & 1u) value_copies<F>(shflptr(v, k), tile, row0 + k, lane);
-    cp_async_commit();
-  }
-  if constexpr (F == kBf16) {  // in place already
-    cp_async_wait<0>();
-  } else {
-    stage_decode<F, KPW>(tile, row0, lane, stm, fp8_scale);
-  }
-}
-
-// Produces key block `b` into key tile `buf` (warp w: rows KPW w .. KPW w + KPW - 1; lane k < KPW
-// holds `pend`, the key of row KPW w + k). Usually every staged key of the warp comes from one
-// source (a token's list changes source once), and its format is resolved once for the warp's
-// keys; otherwise per key.
-template <int KPW>
-__device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_t sk, int32_t* svalid, int warp,
-                                        int lane, KeyRef pend) {
-  const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
-  const int row0 = warp * KPW;
-  // lane k < KPW locates key k once; the warp's copies take the addresses by shuffles
-  const bool ok = lane < KPW && src.valid(pend);
-  const bool st = ok && src.stageable(pend.src);
-  const uint8_t* v = nullptr;
-  const uint8_t* sc = nullptr;
-  if (st) src.locate(pend, v, sc);
-  const uint32_t okm = __ballot_sync(0xFFFFFFFFu, ok), stm = __ballot_sync(0xFFFFFFFFu, st);
-  const int s0 = __shfl_sync(0xFFFFFFFFu, pend.src, stm != 0 ? __ffs(stm) - 1 : 0);
-  const bool one = __all_sync(0xFFFFFFFFu, !st || pend.src == s0);
-  if (stm != 0 && one) {
-    const float fp8_scale = src.source(s0).fp8_scale;
-    by_format(src.format(s0), [&](auto F) { stage_one_format<F(), KPW>(tile, row0, lane, stm, v, sc, fp8_scale); });
-  } else if (stm != 0) {
-    // both sources among the staged keys: their copies, then per key its format
-    const auto key_src = [&](int k) { return __shfl_sync(0xFFFFFFFFu, pend.src, k); };
-#pragma unroll 1
-    for (int k = 0; k < KPW; ++k) {
-      if (!((stm >> k) & 1u)) continue;
-      const uint8_t* vk = shflptr(v, k);
-      const uint8_t* sck = shflptr(sc, k);
-      by_format(src.format(key_src(k)), [&](auto F) { copies<F()>(vk, sck, tile, row0 + k, lane); });
-    }
-    cp_async_commit();
-    cp_async_wait<0>();
-    __syncwarp();
-#pragma unroll 1
-    for (int k = 0; k < KPW; ++k) {
-      if (!((stm >> k) & 1u)) continue;
-      const int ks = key_src(k);
-      by_format(src.format(ks), [&](auto F) {
-        uint32_t qw[4] = {}, sb = 0;
-        load_raw<F()>(tile, row0 + k, lane, qw, sb);
-        __syncwarp();
-        decode_raw<F()>(src.source(ks).fp8_scale, tile, row0 + k, lane, qw, sb);
-      });
-    }
-  }
-  // the keys not staged: masked ones as zero rows (P is 0 there, and 0 * garbage could be NaN),
-  // those of a source that cannot be staged by the register reads (a pass of their own: their
-  // byte-by-byte form needs registers the staged keys' raw chunks hold above)
-#pragma unroll 1
-  for (uint32_t rest = ~stm & ((1u << KPW) - 1u); rest != 0; rest &= rest - 1) {
-    const int k = __ffs(rest) - 1;
-    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if ((okm >> k) & 1u) {
-      KeyRef key;
-      key.e = __shfl_sync(0xFFFFFFFFu, pend.e, k);
-      key.src = __shfl_sync(0xFFFFFFFFu, pend.src, k);
-      unstaged_chunk(src.format(key.src), src.source(key.src), key.e, lane, w);
-    }
-    store_chunks(tile, row0 + k, lane, w);
-  }
-  if (lane < KPW) svalid[buf * kBlock + row0 + lane] = ok ? 1 : 0;
-}
-
 // Prefill's bf16 workspace rows (sparse_mla_wg_kernel, every warp: rows 8 w .. 8 w + 7 of block
 // `b`, lane k < 8 holding `pend`, the key of row 8 w + k; moved on to block b + 1): each row's 64
-// chunks by cp.async straight to their final places (no dequantization), a masked key as a zero
-// row; committed as one group, for the caller's wait before the tile is read.
+// chunks by cp.async straight to their final places (no dequantization; lane l dims [16 l, +16)),
+// a masked key as a zero row; committed as one group, for the caller's wait before the tile is
+// read.
 __device__ __forceinline__ void produce_rows(const WorkspaceSource& src, const WorkspaceSource::List& list, int64_t b,
                                              int buf, uint32_t sk, int32_t* svalid, int warp, int lane,
                                              KeyRef& pend) {
@@ -319,8 +75,9 @@ __device__ __forceinline__ void produce_rows(const WorkspaceSource& src, const W
     const int row = warp * kKeysPerWarp + k;
     if ((okm >> k) & 1u) {
       const int32_t e = __shfl_sync(0xFFFFFFFFu, pend.e, k);
-      copies<kBf16>(reinterpret_cast<const uint8_t*>(src.kv + static_cast<int64_t>(e) * src.kv_stride), nullptr, tile,
-                    row, lane);
+      const uint8_t* v = reinterpret_cast<const uint8_t*>(src.kv + static_cast<int64_t>(e) * src.kv_stride);
+      cp_async16_sa(slot(tile, row, 2 * lane), v + 32 * lane);
+      cp_async16_sa(slot(tile, row, 2 * lane + 1), v + 32 * lane + 16);
     } else {
       const uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       store_chunks(tile, row, lane, w);
@@ -333,6 +90,159 @@ __device__ __forceinline__ void produce_rows(const WorkspaceSource& src, const W
   }
 }
 }  // namespace staged
+
+// ---- The register gather of the producer warpgroup (sparse_mla_ws_kernel). Lane (kr, q) =
+// (lane / 4, lane % 4) of a producer warp handles keys kr and 8 + kr of the warp's 16 and, of
+// each, the 16-dim chunks c = q + 4 j (j = 0..7): the four lanes of a key read 64 consecutive
+// bytes a load (two whole sectors), one scale load serves all the lane's chunks of a key, and each
+// chunk is converted in registers (decode_chunk16_hw; decode_chunk16_sw where it reports a NaN:
+// the bits of read_record_chunk16) and stored as two 16-byte chunks of the key's tile row (a
+// quarter warp's stores, rows 2m and 2m + 1, cover disjoint bank groups under the 128-byte
+// swizzle). Bytes that need no conversion (bf16 rows, the 584 record's bf16 RoPE) go by cp.async
+// straight to their chunks. Against a gather that staged the raw records by cp.async and had each
+// lane convert one chunk of all 16 keys (a copy, a re-read and a scale lookup a key and lane) this
+// is ~1500 instead of ~2400 instructions a warp a block (docs/cuda.md). Sources that these vector
+// loads cannot read (CacheSource::stageable: unaligned values, scales or rows) are read by
+// read_slot_chunk (staged::unstaged_chunk).
+namespace direct {
+constexpr int kKeysPerLane = 2;
+
+// The scale of the lane's chunk c = q + 4 j (chunk_scale) from its key's scale words (584: 8
+// bytes, one per 64 dims: byte j; 528: 16, one per 32 dims: byte 2 j + q / 2; 288: 32, one per 16
+// dims: byte 4 j + q).
+template <int F>
+__device__ __forceinline__ float scale_of(const uint32_t (&sw)[8], int j, int q, float fp8_scale) {
+  if constexpr (F == kV4) return chunk_scale<F>(static_cast<uint8_t>(sw[j / 4] >> (8 * (j % 4))), fp8_scale);
+  else if constexpr (F == kMx) return chunk_scale<F>(static_cast<uint8_t>(sw[j / 2] >> (16 * (j % 2) + 8 * (q / 2))), fp8_scale);
+  else if constexpr (F == kNv) return chunk_scale<F>(static_cast<uint8_t>(sw[j] >> (8 * q)), fp8_scale);
+  else return fp8_scale;
+}
+
+// The lane's chunks of NK keys of format F (v: values or row, sc: scales, on: the key is read here;
+// row: its tile row): cp.async for bf16 bytes (committed by the caller), the rest through
+// registers.
+template <int F, int NK>
+__device__ __forceinline__ void gather(const uint8_t* const (&v)[NK], const uint8_t* const (&sc)[NK],
+                                       const bool (&on)[NK], float fp8_scale, uint32_t tile, const int (&row)[NK],
+                                       int q) {
+  // chunk c = q + 4 j of a row: slots 2 c and 2 c + 1 are sub-tile j's chunks 2 q and 2 q + 1
+  // (sw128_offset), so one address a row for each and j times the sub-tile size added to it
+  constexpr uint32_t kSub = kBlock * 128;
+#pragma unroll
+  for (int i = 0; i < NK; ++i) {
+    if (!on[i]) continue;
+    const uint32_t a0 = tile + sw128_offset(kBlock, row[i], 2 * q), a1 = tile + sw128_offset(kBlock, row[i], 2 * q + 1);
+    if constexpr (F == kBf16) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        cp_async16_sa(a0 + j * kSub, v[i] + 32 * (q + 4 * j));
+        cp_async16_sa(a1 + j * kSub, v[i] + 32 * (q + 4 * j) + 16);
+      }
+    } else {
+      // the 584 record's chunks 28..31 are its bf16 RoPE dims: lane q's is chunk 28 + q (j = 7)
+      constexpr int NJ = F == kV4 ? kNopeDim / 64 : 8;
+      if constexpr (F == kV4) {
+        cp_async16_sa(a0 + NJ * kSub, v[i] + kNopeDim + 32 * q);
+        cp_async16_sa(a1 + NJ * kSub, v[i] + kNopeDim + 32 * q + 16);
+      }
+      uint32_t sw[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if constexpr (F == kV4) {
+        const uint2 y = ld8_once(sc[i]);
+        sw[0] = y.x, sw[1] = y.y;
+      } else if constexpr (F == kMx || F == kNv) {
+        const uint4 y = ld16_once(sc[i]);
+        sw[0] = y.x, sw[1] = y.y, sw[2] = y.z, sw[3] = y.w;
+        if constexpr (F == kNv) {
+          const uint4 z = ld16_once(sc[i] + 16);
+          sw[4] = z.x, sw[5] = z.y, sw[6] = z.z, sw[7] = z.w;
+        }
+      }
+      const uint8_t* vq = v[i] + (F == kNv ? 8 : 16) * q;
+#pragma unroll
+      for (int j = 0; j < NJ; ++j) {
+        uint32_t qw[4] = {0, 0, 0, 0};
+        if constexpr (F == kNv) {
+          const uint2 y = ld8_once(vq + 32 * j);
+          qw[0] = y.x, qw[1] = y.y;
+        } else {
+          const uint4 x = ld16_once(vq + 64 * j);
+          qw[0] = x.x, qw[1] = x.y, qw[2] = x.z, qw[3] = x.w;
+        }
+        const float s = scale_of<F>(sw, j, q, fp8_scale);
+        uint32_t w[8];
+        if (!decode_chunk16_hw<F>(qw, s, w)) decode_chunk16_sw<F>(qw, s, w);
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a0 + j * kSub), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+                     "r"(w[3])
+                     : "memory");
+        asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a1 + j * kSub), "r"(w[4]), "r"(w[5]), "r"(w[6]),
+                     "r"(w[7])
+                     : "memory");
+      }
+    }
+  }
+}
+
+// Produces key block `b` into key tile `buf` (warp w: rows KPW w .. KPW w + KPW - 1; lane k < KPW
+// holds `pend`, the key of row KPW w + k). Usually every key of the warp comes from one source (a
+// token's list changes source once): its format is resolved once for the warp; otherwise each
+// lane reads its keys by their own format.
+template <int KPW>
+__device__ __forceinline__ void produce(const CacheSource& src, int buf, uint32_t sk, int32_t* svalid, int warp,
+                                        int lane, KeyRef pend) {
+  static_assert(KPW == 8 * kKeysPerLane, "a warp's keys: 8 a round, kKeysPerLane rounds");
+  const uint32_t tile = sk + static_cast<uint32_t>(buf * kBlock * kRowBytes);
+  const int row0 = warp * KPW, kr = lane / 4, q = lane % 4;
+  // lane k < KPW locates key k once; the lanes of a key take its addresses by shuffles
+  const bool ok = lane < KPW && src.valid(pend);
+  const bool st = ok && src.stageable(pend.src);
+  const uint8_t* v = nullptr;
+  const uint8_t* sc = nullptr;
+  if (st) src.locate(pend, v, sc);
+  const uint32_t okm = __ballot_sync(0xFFFFFFFFu, ok), stm = __ballot_sync(0xFFFFFFFFu, st);
+  const int s0 = __shfl_sync(0xFFFFFFFFu, pend.src, stm != 0 ? __ffs(stm) - 1 : 0);
+  const bool one = __all_sync(0xFFFFFFFFu, !st || pend.src == s0);
+  const uint8_t* const kv[2] = {shflptr(v, kr), shflptr(v, 8 + kr)};
+  const uint8_t* const ksc[2] = {shflptr(sc, kr), shflptr(sc, 8 + kr)};
+  const int ks[2] = {__shfl_sync(0xFFFFFFFFu, pend.src, kr), __shfl_sync(0xFFFFFFFFu, pend.src, 8 + kr)};
+  const int row[2] = {row0 + kr, row0 + 8 + kr};
+  const bool on[2] = {((stm >> kr) & 1u) != 0, ((stm >> (8 + kr)) & 1u) != 0};
+  if (stm != 0 && one) {
+    const float fp8_scale = src.source(s0).fp8_scale;
+    staged::by_format(src.format(s0), [&](auto F) { gather<F(), 2>(kv, ksc, on, fp8_scale, tile, row, q); });
+  } else if (stm != 0) {
+    // both sources among the warp's keys (the block where the list changes source): lanes may
+    // take different formats here
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!on[i]) continue;
+      const uint8_t* const v1[1] = {kv[i]};
+      const uint8_t* const sc1[1] = {ksc[i]};
+      const bool on1[1] = {true};
+      const int row1[1] = {row[i]};
+      const float fp8_scale = src.source(ks[i]).fp8_scale;
+      staged::by_format(src.format(ks[i]), [&](auto F) { gather<F(), 1>(v1, sc1, on1, fp8_scale, tile, row1, q); });
+    }
+  }
+  cp_async_commit();
+  // the keys not read above: masked ones as zero rows (P is 0 there, and 0 * garbage could be
+  // NaN), those of a source that cannot be read by vector loads by read_slot_chunk, lane l dims
+  // [16 l, +16) (a call: its byte-by-byte form needs registers of its own)
+#pragma unroll 1
+  for (uint32_t rest = ~stm & ((1u << KPW) - 1u); rest != 0; rest &= rest - 1) {
+    const int k = __ffs(rest) - 1;
+    uint32_t w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if ((okm >> k) & 1u) {
+      KeyRef key;
+      key.e = __shfl_sync(0xFFFFFFFFu, pend.e, k);
+      key.src = __shfl_sync(0xFFFFFFFFu, pend.src, k);
+      staged::unstaged_chunk(src.format(key.src), src.source(key.src), key.e, lane, w);
+    }
+    staged::store_chunks(tile, row0 + k, lane, w);
+  }
+  cp_async_wait<0>();
+  if (lane < KPW) svalid[buf * kBlock + row0 + lane] = ok ? 1 : 0;
+}
+}  // namespace direct
 
 // ---- The consumer side of one warpgroup, shared by both kernels: warpgroup c (0, 1) owns dims
 // [256 c, 256 c + 256) of O and the partial scores of the same dims; thread wt (0..127) of it
@@ -649,12 +559,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
 }
 
 // The warp-specialized form of the same product: kWsThreads threads, the first kWsProducerWarps
-// warps the producers (stage and dequantize each block into a free key tile, kBlock /
-// kWsProducerWarps keys a warp: staged::produce, and prefetch the next block's records into L2),
+// warps the producers (gather and dequantize each block into a free key tile, kBlock /
+// kWsProducerWarps keys a warp: direct::produce, and prefetch the next block's records into L2),
 // then two consumer warpgroups split as FlashMLA splits them (below): the first computes S and the
 // softmax and holds S, P and its half of O (kWsFirstConsumerRegs), the second only its half of O
 // (kWsSecondConsumerRegs), so setmaxnreg leaves the producers kWsProducerRegs (the staged gather
-// converts kGroup keys at a time with them). A second producer warpgroup (512 threads) would need
+// holds two keys' loads and conversions in flight with them). A second producer warpgroup (512 threads) would need
 // m64n128 PV instructions: ptxas checks each instruction against the launch cap of 64K / threads,
 // setmaxnreg.inc notwithstanding (docs/changelog.md, "Ideas"). The tiles are handed over with
 // mbarriers: full[buf] (every producer thread arrives after its stores) and empty[buf] (256
@@ -716,7 +626,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
       k.src = __shfl_sync(0xFFFFFFFFu, ahead.src, lane % kKPW);
 #pragma unroll
       for (int j = 0; j < kSegs; ++j) src.prefetch(k, kSegs * (lane / kKPW) + j);
-      staged::produce<kKPW>(src, buf, sk, svalid, warp, lane, pend);
+      direct::produce<kKPW>(src, buf, sk, svalid, warp, lane, pend);
       fence_proxy_async_shared();
       mbarrier_arrive(full(buf));
       if (lane < kKPW) {

@@ -47,6 +47,20 @@ __device__ __forceinline__ float4 ld4_early(const float* p) {
   return v;
 }
 #undef DSV41KV_LDQ
+// Read-only 16- and 8-byte loads through the non-coherent path, not allocated in L1 (a record a
+// kernel reads once; its bytes were written by an earlier kernel, not by this one).
+__device__ __forceinline__ uint4 ld16_once(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld8_once(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 
 // L2 evict-first policy for kv rows that a kernel reads once (see kRowsEvictFirst in
 // compressor/cuda/warp_program.cuh), and a 16-byte load with an L2 policy.
