@@ -260,6 +260,18 @@ __device__ __forceinline__ void wg_begin(WgRows& r) {
   for (int i = 0; i < 128; ++i) r.o[i] = 0.0f;
 }
 
+// O of both rows scaled by their factors (a0: row row0, a1: row row0 + 8), in the m64n256
+// accumulator layout.
+__device__ __forceinline__ void wg_rescale(WgRows& r, float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    r.o[4 * j] *= a0;
+    r.o[4 * j + 1] *= a0;
+    r.o[4 * j + 2] *= a1;
+    r.o[4 * j + 3] *= a1;
+  }
+}
+
 // The online softmax of one block: scale, mask (valid[key] == 0: -inf), the running max of both
 // rows (a quad of lanes holds a row), O and l rescaled, P = exp(z - m) into the hi / lo A fragments
 // of the block's 4 k-steps of 16 keys, l += the fp32 weights.
@@ -297,13 +309,7 @@ __device__ __forceinline__ void wg_softmax(WgRows& r, float (&s)[32], const int3
       // the last 8
       split_bf16x2(p0, p1, ahi[j / 2][2 * (j % 2) + i], alo[j / 2][2 * (j % 2) + i]);
     }
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    r.o[4 * j] *= alpha[0];
-    r.o[4 * j + 1] *= alpha[0];
-    r.o[4 * j + 2] *= alpha[1];
-    r.o[4 * j + 3] *= alpha[1];
-  }
+  wg_rescale(r, alpha[0], alpha[1]);
 }
 
 // Issues O += P_hi V + P_lo V over dims [256 c, +256) of key tile kt (sub-tiles 4 c .. 4 c + 3,
@@ -441,6 +447,16 @@ struct WgCta {
   }
 };
 
+// A split without keys (blo >= bhi) stores its empty rows at once, on a path of its own (so that no
+// path without wgmma meets the accumulators in flight); whether it did.
+__device__ __forceinline__ bool wg_store_if_empty(const Heads& p, WgRows& r, const WgCta& cta, int64_t blo,
+                                                  int64_t bhi, int row0, int c, int tq) {
+  if (blo < bhi) return false;
+  pdl_allow_dependents();
+  wg_store(p, r, cta.t, cta.split, cta.h0, row0, c, tq);
+  return true;
+}
+
 template <class Src>
 __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads p, const Src src) {
 #if defined(DSV41KV_WGMMA)
@@ -470,12 +486,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
   cta.blocks(p, list, blo, bhi);
   WgRows r;
   wg_begin(r);
-  if (blo >= bhi) {  // no key in this split: its own path, so that no path without wgmma meets
-                     // the accumulators in flight
-    pdl_allow_dependents();
-    wg_store(p, r, cta.t, cta.split, cta.h0, row0, wg, tq);
-    return;
-  }
+  if (wg_store_if_empty(p, r, cta, blo, bhi, row0, wg, tq)) return;
   // bf16 workspace rows travel by cp.async to their final chunks (staged::produce_rows), in flight
   // through a whole block's S, softmax and PV
   KeyRef pend;
@@ -516,14 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wg_kernel(const Heads 
       wg_issue_pv(r, ahi, alo, kt, 0);
     } else {
       mbarrier_wait_parity(pready, static_cast<uint32_t>(it & 1));
-      const float a0 = salpha[row0], a1 = salpha[row0 + 8];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        r.o[4 * j] *= a0;
-        r.o[4 * j + 1] *= a0;
-        r.o[4 * j + 2] *= a1;
-        r.o[4 * j + 3] *= a1;
-      }
+      wg_rescale(r, salpha[row0], salpha[row0 + 8]);
       wg_issue_pv_smem(r, sp, splo, kt, 1);
     }
     if (next) {
@@ -653,11 +657,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kWsFirstConsumerRegs) : "memory");
     WgRows r;
     wg_begin(r);
-    if (blo >= bhi) {
-      pdl_allow_dependents();
-      wg_store(p, r, cta.t, cta.split, cta.h0, row0, 0, tq);
-      return;
-    }
+    if (wg_store_if_empty(p, r, cta, blo, bhi, row0, 0, tq)) return;
     int64_t b = blo;
     do {
       const int it = static_cast<int>(b - blo), buf = it & 1;
@@ -696,25 +696,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) sparse_mla_ws_kernel(const Head
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kWsSecondConsumerRegs) : "memory");
     WgRows r;
     wg_begin(r);
-    if (blo >= bhi) {
-      pdl_allow_dependents();
-      wg_store(p, r, cta.t, cta.split, cta.h0, row0, 1, tq);
-      return;
-    }
+    if (wg_store_if_empty(p, r, cta, blo, bhi, row0, 1, tq)) return;
     int64_t b = blo;
     do {
       const int it = static_cast<int>(b - blo), buf = it & 1;
       const uint32_t kt = sk + static_cast<uint32_t>(buf * L::kTile);
       mbarrier_wait_parity(full(buf), static_cast<uint32_t>((it >> 1) & 1));  // V(b)
       mbarrier_wait_parity(pready, static_cast<uint32_t>(it & 1));            // P(b)
-      const float a0 = salpha[row0], a1 = salpha[row0 + 8];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        r.o[4 * j] *= a0;
-        r.o[4 * j + 1] *= a0;
-        r.o[4 * j + 2] *= a1;
-        r.o[4 * j + 3] *= a1;
-      }
+      wg_rescale(r, salpha[row0], salpha[row0 + 8]);
       wg_issue_pv_smem(r, sp, splo, kt, 1);
       wgmma_wait<0>();
       wgmma_fence_operands(r.o);
