@@ -6,6 +6,9 @@
 # conformance/ (the read-path files as shipped, .safetensors.gz; the write-path files gzipped when
 # DSV41KV_PACK_WRITE_PATH=1: they add ~25 MB of the 64 MiB a call carries). Carry .devrun (and
 # .peers/flashmla.tar.gz for the peer stage) and run scripts/device-run.sh there.
+# DSV41KV_PACK_AS=NAME adds this build as variant NAME (bin-NAME.tar.xz) to an existing .devrun
+# instead: build and pack each branch in turn, then VARIANTS="a b ..." scripts/device-run.sh runs
+# the stages once per variant in one device call (~10 MB a variant).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${DSV41KV_BUILD_DIR:-build}
@@ -14,6 +17,18 @@ bins=(test_gpu dsv41kv dsv41kv-indexer-bench dsv41kv-attn-bench dsv41kv-access-c
 for b in "${bins[@]}"; do
   [ -x "$build/$b" ] || { echo "device-pack: no $build/$b (scripts/build.sh first)" >&2; exit 2; }
 done
+variant=${DSV41KV_PACK_AS:-}
+if [ -n "$variant" ]; then
+  [[ "$variant" =~ ^[A-Za-z0-9_.-]+$ ]] || { echo "device-pack: DSV41KV_PACK_AS '$variant': letters, digits, . _ - only" >&2; exit 2; }
+  [ -d "$out/lib" ] || { echo "device-pack: no $out to add variant '$variant' to (run scripts/device-pack.sh first)" >&2; exit 2; }
+  rm -rf "$out/stage"
+  mkdir -p "$out/stage/$build"
+  for b in "${bins[@]}"; do strip -o "$out/stage/$build/$b" "$build/$b"; done
+  tar cJf "$out/bin-$variant.tar.xz" -C "$out/stage" "$build"
+  rm -rf "$out/stage"
+  du -sh "$out"
+  exit 0
+fi
 rm -rf "$out"
 mkdir -p "$out/lib" "$out/conformance" "$out/stage/$build"
 for b in "${bins[@]}"; do strip -o "$out/stage/$build/$b" "$build/$b"; done

@@ -13,6 +13,8 @@
 #   ncu      per ';'-separated "kernel-regex|binary args" of NCU_ARGS, one profiled launch: the
 #            details ($OUT/ncuN.txt) and the per-instruction source view ($OUT/sassN.csv)
 #   peer     scripts/device-check.sh peer over these binaries (carry .peers/flashmla.tar.gz)
+# VARIANTS="a b ..." (from DSV41KV_PACK_AS): the stages once per variant, its binaries unpacked over
+# the build path in turn, its logs and files under $OUT/<variant>/.
 # Example: STAGES="test bench" scripts/device-run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,21 @@ export DSV41KV_CONFORMANCE_DIR=${DSV41KV_CONFORMANCE_DIR:-$PWD/.devrun/conforman
 export PATH=/usr/local/cuda/bin:$PATH
 t0=$(date +%s)
 say() { echo "$*" | tee -a "$LOG"; }
-tar xJf .devrun/bin.tar.xz || { say "device-run: cannot unpack .devrun/bin.tar.xz"; exit 2; }
+if [ -n "${VARIANTS:-}" ]; then
+  rc=0
+  for v in $VARIANTS; do
+    [ -f ".devrun/bin-$v.tar.xz" ] || { echo "device-run: no .devrun/bin-$v.tar.xz" | tee -a "$LOG"; rc=2; continue; }
+    tar xJf ".devrun/bin-$v.tar.xz" || { echo "device-run: cannot unpack bin-$v.tar.xz" | tee -a "$LOG"; rc=2; continue; }
+    mkdir -p "$OUT/$v"
+    echo "##### variant $v" | tee -a "$LOG"
+    OUT="$OUT/$v" VARIANTS= DSV41KV_UNPACKED=1 "$0" || rc=1
+    cat "$OUT/$v/log.txt" >> "$LOG"
+  done
+  exit $rc
+fi
+if [ -z "${DSV41KV_UNPACKED:-}" ]; then
+  tar xJf .devrun/bin.tar.xz || { say "device-run: cannot unpack .devrun/bin.tar.xz"; exit 2; }
+fi
 say "unpacked; $(nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader 2>/dev/null)"
 lists() { local IFS=';'; read -ra L <<< "$1"; printf '%s\n' "${L[@]}"; }
 rc=0
